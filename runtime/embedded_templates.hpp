@@ -1,0 +1,20 @@
+// The kernel template headers of templates/, embedded at build time
+// (cmake/EmbedTemplates.cmake). Names are paths relative to templates/, e.g.
+// "moeblaze/common.cuh", exactly as kernels #include them.
+#pragma once
+#include <cstddef>
+#include <string_view>
+#include <vector>
+
+namespace moeblaze {
+
+struct EmbeddedTemplate {
+  const char* name;
+  const char* text;
+  std::size_t size;
+  std::string_view view() const { return {text, size}; }
+};
+
+const std::vector<EmbeddedTemplate>& embedded_templates();
+
+}  // namespace moeblaze

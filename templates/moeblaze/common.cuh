@@ -1,0 +1,43 @@
+// moeblaze common header: included by every kernel template (under NVRTC) and by the
+// host library (under the host compiler), so that enums and kernel argument structs are
+// spelled once. Keep it free of any header: NVRTC compiles it without a C library.
+#pragma once
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define MB_DEVICE_COMPILE 1
+#define MB_HD __host__ __device__
+#define MB_DEV __device__ __forceinline__
+#else
+#define MB_DEVICE_COMPILE 0
+#define MB_HD
+#endif
+
+namespace moeblaze {
+
+typedef long long i64;
+
+// Expert activation. The gated ones (swiglu, geglu) use two up matrices W1 (gate) and
+// W3 (up): h = act(x W1^T) * (x W3^T). The plain ones use W1 alone: h = act(x W1^T).
+// gelu is the tanh approximation everywhere (host reference included).
+enum class Activation : int { swiglu = 0, geglu = 1, silu = 2, gelu = 3, relu = 4 };
+
+MB_HD constexpr bool is_gated(Activation a) {
+  return a == Activation::swiglu || a == Activation::geglu;
+}
+
+// Built-in router. none: the caller passes topk ids and weights.
+// softmax_topk: p = softmax(x W_r^T); pick the K largest p; gate = p (optionally
+//   renormalised over the K picks), times route_scale.
+// sigmoid_topk: s = sigmoid(x W_r^T); pick the K largest s + bias; gate = s
+//   (optionally renormalised), times route_scale (DeepSeek-V3 style).
+enum class RouterKind : int { none = 0, softmax_topk = 1, sigmoid_topk = 2 };
+
+// Error codes the index build leaves in the layer's status word (0 = fine). Written by
+// a plain store from any thread that sees the fault; the host reads it on request.
+enum RoutingStatus : int {
+  routing_ok = 0,
+  routing_id_out_of_range = 1,
+  routing_duplicate_expert = 2,
+};
+
+}  // namespace moeblaze
