@@ -1,0 +1,194 @@
+#include "kernel_spec.hpp"
+
+#include <fmt/format.h>
+
+#include "errors.hpp"
+
+namespace moeblaze {
+namespace {
+
+struct FamilyInfo {
+  KernelFamily family;
+  const char* name;
+  const char* header;    // template header the instantiation includes
+  const char* function;  // device function template
+  const char* args;      // argument struct
+};
+
+const FamilyInfo kFamilies[] = {
+    {KernelFamily::router_logits, "router_logits", "moeblaze/router.cuh", "moeblaze::router::logits_gemm", "RouterGemmArgs"},
+    {KernelFamily::router_topk, "router_topk", "moeblaze/router.cuh", "moeblaze::router::topk", "RouterTopkArgs"},
+    {KernelFamily::index_count, "index_count", "moeblaze/index_build.cuh", "moeblaze::index_build::count", "IndexBuildArgs"},
+    {KernelFamily::index_scan, "index_scan", "moeblaze/index_build.cuh", "moeblaze::index_build::scan", "IndexBuildArgs"},
+    {KernelFamily::index_scatter, "index_scatter", "moeblaze/index_build.cuh", "moeblaze::index_build::scatter", "IndexBuildArgs"},
+    {KernelFamily::up_proj, "up_proj", "moeblaze/expert_gemms.cuh", "moeblaze::up_proj", "UpProjArgs"},
+    {KernelFamily::down_proj, "down_proj", "moeblaze/expert_gemms.cuh", "moeblaze::down_proj", "DownProjArgs"},
+    {KernelFamily::combine, "combine", "moeblaze/reductions.cuh", "moeblaze::reductions::combine", "CombineArgs"},
+    {KernelFamily::down_dgrad, "down_dgrad", "moeblaze/expert_gemms.cuh", "moeblaze::down_dgrad", "DownDgradArgs"},
+    {KernelFamily::gate_grad, "gate_grad", "moeblaze/reductions.cuh", "moeblaze::reductions::gate_grad", "GateGradArgs"},
+    {KernelFamily::down_wgrad, "down_wgrad", "moeblaze/expert_gemms.cuh", "moeblaze::down_wgrad", "WgradArgs"},
+    {KernelFamily::up_wgrad, "up_wgrad", "moeblaze/expert_gemms.cuh", "moeblaze::up_wgrad", "WgradArgs"},
+    {KernelFamily::up_dgrad, "up_dgrad", "moeblaze/expert_gemms.cuh", "moeblaze::up_dgrad", "UpDgradArgs"},
+    {KernelFamily::router_backward, "router_backward", "moeblaze/router.cuh", "moeblaze::router::backward", "RouterBackwardArgs"},
+    {KernelFamily::router_dgrad, "router_dgrad", "moeblaze/router.cuh", "moeblaze::router::dgrad_gemm", "RouterGemmArgs"},
+    {KernelFamily::router_wgrad, "router_wgrad", "moeblaze/router.cuh", "moeblaze::router::wgrad_gemm", "RouterGemmArgs"},
+};
+
+const FamilyInfo& info(KernelFamily f) {
+  for (const auto& i : kFamilies)
+    if (i.family == f) return i;
+  throw Error("unknown kernel family");
+}
+
+std::string activation_literal(Activation a) { return "moeblaze::Activation::" + to_string(a); }
+
+std::string router_literal(RouterKind r) {
+  return r == RouterKind::sigmoid_topk ? "moeblaze::RouterKind::sigmoid_topk" : "moeblaze::RouterKind::softmax_topk";
+}
+
+// Template arguments after the tile config (if any), in the order the template takes them.
+std::string shape_arguments(const KernelSpec& s) {
+  const MoeShape& m = s.layer.shape;
+  const int E = m.experts, K = m.topk, D = m.hidden, N = m.ffn;
+  const std::string act = activation_literal(s.layer.activation);
+  switch (s.family) {
+    case KernelFamily::router_logits:
+    case KernelFamily::router_dgrad:
+    case KernelFamily::router_wgrad: return fmt::format("{}, {}", E, D);
+    case KernelFamily::router_topk:
+    case KernelFamily::router_backward:
+      return fmt::format("{}, {}, {}, {}", E, K, router_literal(s.layer.router), s.layer.renormalize ? "true" : "false");
+    case KernelFamily::index_count:
+    case KernelFamily::index_scan:
+    case KernelFamily::index_scatter: return fmt::format("{}, {}", E, K);
+    case KernelFamily::up_proj:
+    case KernelFamily::up_dgrad:
+    case KernelFamily::up_wgrad: return fmt::format("{}, {}, {}, {}", E, D, N, act);
+    case KernelFamily::down_proj:
+    case KernelFamily::down_wgrad: return fmt::format("{}, {}, {}", E, D, N);
+    case KernelFamily::down_dgrad: return fmt::format("{}, {}, {}, {}, {}", E, K, D, N, act);
+    case KernelFamily::combine: return fmt::format("{}, {}", D, K);
+    case KernelFamily::gate_grad: return fmt::format("{}", (N + s.tile.bn - 1) / s.tile.bn);
+  }
+  throw Error("unknown kernel family");
+}
+
+int untiled_threads(KernelFamily f) {
+  switch (f) {
+    case KernelFamily::index_scan: return 1024;
+    case KernelFamily::combine: return 128;
+    default: return 256;
+  }
+}
+
+}  // namespace
+
+std::string to_string(KernelFamily f) { return info(f).name; }
+
+const std::vector<KernelFamily>& all_families() {
+  static const std::vector<KernelFamily> all = [] {
+    std::vector<KernelFamily> v;
+    for (const auto& i : kFamilies) v.push_back(i.family);
+    return v;
+  }();
+  return all;
+}
+
+bool is_tiled(KernelFamily f) {
+  switch (f) {
+    case KernelFamily::router_logits:
+    case KernelFamily::up_proj:
+    case KernelFamily::down_proj:
+    case KernelFamily::down_dgrad:
+    case KernelFamily::down_wgrad:
+    case KernelFamily::up_wgrad:
+    case KernelFamily::up_dgrad:
+    case KernelFamily::router_dgrad:
+    case KernelFamily::router_wgrad: return true;
+    default: return false;
+  }
+}
+
+int stacked_b_tiles(KernelFamily f, Activation act) {
+  return f == KernelFamily::up_proj && is_gated(act) ? 2 : 1;
+}
+
+std::string TileConfig::to_string() const {
+  return fmt::format("{}x{}x{}_w{}x{}_s{}", bm, bn, bk, warps_m, warps_n, stages);
+}
+
+std::string KernelSpec::name() const {
+  const MoeShape& m = layer.shape;
+  std::string n = fmt::format("mb_{}_E{}_K{}_d{}_n{}", to_string(family), m.experts, m.topk, m.hidden, m.ffn);
+  switch (family) {
+    case KernelFamily::up_proj:
+    case KernelFamily::down_dgrad:
+    case KernelFamily::up_wgrad:
+    case KernelFamily::up_dgrad: n += "_" + moeblaze::to_string(layer.activation); break;
+    case KernelFamily::router_topk:
+    case KernelFamily::router_backward:
+      n += "_" + moeblaze::to_string(layer.router) + (layer.renormalize ? "_renorm" : ""); break;
+    default: break;
+  }
+  if (is_tiled(family) || family == KernelFamily::gate_grad) n += "_" + tile.to_string();
+  return n;
+}
+
+std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
+  if (!is_tiled(spec.family)) return {};
+  const TileConfig& t = spec.tile;
+  if (t.bk != 64) return "bk must be 64 (one 128-byte swizzle group per row)";
+  if (t.bm % 64 || t.bn % 64 || t.bm > 256 || t.bn > 256) return "bm and bn must be 64, 128, 192 or 256";
+  if (t.bm % (16 * t.warps_m) || t.bn % (16 * t.warps_n)) return "warp tiles must be multiples of 16x16";
+  if ((t.bn / t.warps_n / 8) % 2) return "each warp needs an even number of n8 tiles";
+  if (t.threads() > 512) return "at most 16 warps";
+  if (t.stages < 2 || t.stages > 8) return "stages must be in [2, 8]";
+  const int slot_tiled = spec.family == KernelFamily::up_proj || spec.family == KernelFamily::down_proj ||
+                         spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::up_dgrad;
+  if (slot_tiled && t.bm != 64 && t.bm != 128 && t.bm != 256) return "slot-tiled GEMMs need bm in {64,128,256}";
+  const int nb = stacked_b_tiles(spec.family, spec.layer.activation);
+  const int acc_regs = (t.bm / t.warps_m) * (t.bn / t.warps_n) * nb / 32;
+  if (acc_regs > 160) return fmt::format("{} accumulator registers per thread is too many", acc_regs);
+  const int chunks_a = t.bm * t.bk / 8, chunks_b = nb * t.bn * t.bk / 8;
+  if (chunks_a % t.threads() || chunks_b % t.threads()) return "tile loads must divide evenly among threads";
+  if (t.smem_bytes(nb) > max_smem_bytes)
+    return fmt::format("{} bytes of shared memory exceeds {}", t.smem_bytes(nb), max_smem_bytes);
+  return {};
+}
+
+GeneratedKernel generate(const KernelSpec& spec) {
+  spec.layer.validate();
+  if (const std::string why = legality_problem(spec); !why.empty())
+    throw InvalidArgument("tile", fmt::format("{} for {}: {}", spec.tile.to_string(), to_string(spec.family), why));
+  const FamilyInfo& fi = info(spec.family);
+  GeneratedKernel g;
+  g.spec = spec;
+  g.source.kernel_name = spec.name();
+  g.source.file_name = spec.name() + ".cu";
+  std::string targs = shape_arguments(spec);
+  if (is_tiled(spec.family)) {
+    const TileConfig& t = spec.tile;
+    const int nb = stacked_b_tiles(spec.family, spec.layer.activation);
+    targs = fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}>, {}", t.bm, t.bn, t.bk, t.warps_m, t.warps_n,
+                        t.stages, nb, targs);
+    g.threads = t.threads();
+    g.dynamic_smem = t.smem_bytes(nb);
+  } else {
+    g.threads = untiled_threads(spec.family);
+    g.dynamic_smem = 0;
+  }
+  // One block per SM is the design point of the GEMM tiles; small kernels keep the default.
+  const std::string bounds = is_tiled(spec.family) ? fmt::format("__launch_bounds__({}, 1)", g.threads)
+                                                   : fmt::format("__launch_bounds__({})", g.threads);
+  g.source.text = fmt::format(
+      "// Generated by moeblaze (generator v{}): {} for {}\n"
+      "#include \"{}\"\n"
+      "extern \"C\" __global__ void {} {}(const moeblaze::{} args) {{\n"
+      "  {}<{}>(args);\n"
+      "}}\n",
+      kGeneratorVersion, to_string(spec.family), spec.layer.describe(), fi.header, bounds, g.source.kernel_name,
+      fi.args, fi.function, targs);
+  return g;
+}
+
+}  // namespace moeblaze

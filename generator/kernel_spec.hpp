@@ -1,0 +1,73 @@
+// Stage 1 and 2 of the pipeline: (layer, kernel family, tile config) -> instantiation
+// source. The generator writes only the glue that names one specialisation of a template
+// in templates/; all device code lives there.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "layer_config.hpp"
+#include "nvrtc_compiler.hpp"
+
+namespace moeblaze {
+
+enum class KernelFamily {
+  router_logits,    // logits = x W_r^T
+  router_topk,      // top-K picks and gates
+  index_count,      // index build 1/3
+  index_scan,       // index build 2/3
+  index_scatter,    // index build 3/3
+  up_proj,          // gather(x) [W1;W3]^T, activation epilogue (forward and recompute)
+  down_proj,        // h W2^T per slot
+  combine,          // token-major gather-sum (y, and dx over a token's K slots)
+  down_dgrad,       // gather(dy) W2, activation backward + gate-gradient partials
+  gate_grad,        // gate gradient: fixed-order sum of the partials
+  down_wgrad,       // dW2
+  up_wgrad,         // dW1, dW3
+  up_dgrad,         // per-slot dx = [dA|dB] [W1;W3]
+  router_backward,  // d logits
+  router_dgrad,     // dx += d logits W_r
+  router_wgrad,     // dW_r
+};
+
+std::string to_string(KernelFamily f);
+const std::vector<KernelFamily>& all_families();
+// Whether the family is a GEMM with a tunable tile configuration.
+bool is_tiled(KernelFamily f);
+// Whether the family uses two stacked B tiles (W1 and W3) for this activation.
+int stacked_b_tiles(KernelFamily f, Activation act);
+
+// Tile configuration of a GEMM family (mainloop.cuh's gemm::Tile).
+struct TileConfig {
+  int bm = 128, bn = 128, bk = 64;
+  int warps_m = 2, warps_n = 4;
+  int stages = 3;
+  int threads() const { return 32 * warps_m * warps_n; }
+  int smem_bytes(int nb) const { return stages * (bm * bk + nb * bn * bk) * 2; }
+  std::string to_string() const;  // "128x128x64_w2x4_s3"
+  bool operator==(const TileConfig&) const = default;
+};
+
+struct KernelSpec {
+  KernelFamily family;
+  LayerConfig layer;
+  TileConfig tile;  // meaningful for tiled families only
+  std::string arch = "sm_90a";
+  std::string name() const;  // unique, readable: the extern "C" symbol
+};
+
+// Why a spec cannot be built (empty when it can): the tuner skips such configurations.
+std::string legality_problem(const KernelSpec& spec, int max_smem_bytes = 227 * 1024);
+
+struct GeneratedKernel {
+  KernelSpec spec;
+  KernelSource source;
+  int threads = 0;       // block size
+  int dynamic_smem = 0;  // bytes
+};
+
+GeneratedKernel generate(const KernelSpec& spec);
+
+// Version of the generator's output format; part of every binary cache key.
+constexpr int kGeneratorVersion = 1;
+
+}  // namespace moeblaze

@@ -1,0 +1,180 @@
+#include "cuda_driver.hpp"
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include <mutex>
+
+namespace moeblaze {
+namespace {
+
+struct DriverLoad {
+  CudaDriver table;
+  std::string error;  // empty when usable
+};
+
+DriverLoad load_driver() {
+  DriverLoad out;
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    out.error = fmt::format("cannot open libcuda.so.1 ({}); no NVIDIA driver on this machine", dlerror());
+    return out;
+  }
+  out.table.library = lib;
+  using GetProc = decltype(&::cuGetProcAddress);
+  auto get_proc = reinterpret_cast<GetProc>(dlsym(lib, "cuGetProcAddress_v2"));
+  if (!get_proc) {
+    out.error = "libcuda.so.1 has no cuGetProcAddress_v2: the driver is older than CUDA 12";
+    return out;
+  }
+#define MOEBLAZE_RESOLVE(name)                                                                  \
+  {                                                                                             \
+    void* fn = nullptr;                                                                         \
+    CUdriverProcAddressQueryResult status{};                                                    \
+    if (get_proc(#name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS || \
+        !fn) {                                                                                  \
+      out.error = "the CUDA driver does not provide " #name;                                  \
+      return out;                                                                               \
+    }                                                                                           \
+    out.table.name = reinterpret_cast<decltype(out.table.name)>(fn);                           \
+  }
+  MOEBLAZE_DRIVER_FUNCTIONS(MOEBLAZE_RESOLVE)
+#undef MOEBLAZE_RESOLVE
+  if (CUresult r = out.table.cuInit(0); r != CUDA_SUCCESS) {
+    out.error = fmt::format("cuInit failed with error {}: no usable GPU", static_cast<int>(r));
+    return out;
+  }
+  int count = 0;
+  if (out.table.cuDeviceGetCount(&count) != CUDA_SUCCESS || count == 0) {
+    out.error = "the CUDA driver sees no GPU";
+    return out;
+  }
+  return out;
+}
+
+const DriverLoad& driver_load() {
+  static const DriverLoad load = load_driver();  // dlopen once per process
+  return load;
+}
+
+}  // namespace
+
+const CudaDriver& cuda_driver() {
+  const DriverLoad& l = driver_load();
+  if (!l.error.empty()) throw NoGpu(l.error);
+  return l.table;
+}
+
+bool gpu_available(std::string* why) {
+  const DriverLoad& l = driver_load();
+  if (why) *why = l.error;
+  return l.error.empty();
+}
+
+void check_cuda(CUresult result, const char* call) {
+  if (result == CUDA_SUCCESS) return;
+  const char* name = "unknown";
+  const char* text = "unknown error";
+  const DriverLoad& l = driver_load();
+  if (l.table.cuGetErrorName) l.table.cuGetErrorName(result, &name);
+  if (l.table.cuGetErrorString) l.table.cuGetErrorString(result, &text);
+  throw CudaError(call, static_cast<int>(result), fmt::format("{} ({})", name, text));
+}
+
+std::string DeviceInfo::arch() const {
+  if (cc_major == 9 && cc_minor == 0) return "sm_90a";
+  return fmt::format("sm_{}{}", cc_major, cc_minor);
+}
+
+DeviceContext::DeviceContext(int ordinal) {
+  const CudaDriver& d = cuda_driver();
+  int count = 0;
+  MB_CU(d.cuDeviceGetCount(&count));
+  if (ordinal < 0 || ordinal >= count)
+    throw InvalidArgument("device", fmt::format("ordinal {} is outside [0, {})", ordinal, count));
+  MB_CU(d.cuDeviceGet(&device_, ordinal));
+  MB_CU(d.cuDevicePrimaryCtxRetain(&context_, device_));
+  MB_CU(d.cuCtxSetCurrent(context_));
+  info_.ordinal = ordinal;
+  char name[256] = {};
+  MB_CU(d.cuDeviceGetName(name, sizeof name, device_));
+  info_.name = name;
+  MB_CU(d.cuDeviceGetAttribute(&info_.cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device_));
+  MB_CU(d.cuDeviceGetAttribute(&info_.cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device_));
+  MB_CU(d.cuDeviceGetAttribute(&info_.sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device_));
+  MB_CU(d.cuDeviceGetAttribute(&info_.max_smem_per_block_optin,
+                               CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device_));
+  MB_CU(d.cuDeviceTotalMem(&info_.total_memory, device_));
+  MB_CU(d.cuDriverGetVersion(&info_.driver_version));
+}
+
+DeviceContext::~DeviceContext() {
+  if (context_) cuda_driver().cuDevicePrimaryCtxRelease(device_);
+}
+
+void DeviceContext::make_current() const { MB_CU(cuda_driver().cuCtxSetCurrent(context_)); }
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  if (bytes) MB_CU(cuda_driver().cuMemAlloc(&ptr_, bytes));
+}
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) cuda_driver().cuMemFree(ptr_);
+}
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+  o.ptr_ = 0;
+  o.bytes_ = 0;
+}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) cuda_driver().cuMemFree(ptr_);
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    o.ptr_ = 0;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+void DeviceBuffer::upload(const void* host, size_t bytes, size_t offset) {
+  if (offset + bytes > bytes_) throw InvalidArgument("upload", "copy past the end of the buffer");
+  if (bytes) MB_CU(cuda_driver().cuMemcpyHtoD(ptr_ + offset, host, bytes));
+}
+void DeviceBuffer::download(void* host, size_t bytes, size_t offset) const {
+  if (offset + bytes > bytes_) throw InvalidArgument("download", "copy past the end of the buffer");
+  if (bytes) MB_CU(cuda_driver().cuMemcpyDtoH(host, ptr_ + offset, bytes));
+}
+
+Stream::Stream() { MB_CU(cuda_driver().cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING)); }
+Stream::~Stream() {
+  if (stream_) cuda_driver().cuStreamDestroy(stream_);
+}
+void Stream::synchronize() const { MB_CU(cuda_driver().cuStreamSynchronize(stream_)); }
+
+Event::Event() { MB_CU(cuda_driver().cuEventCreate(&event_, CU_EVENT_DEFAULT)); }
+Event::~Event() {
+  if (event_) cuda_driver().cuEventDestroy(event_);
+}
+void Event::record(CUstream s) const { MB_CU(cuda_driver().cuEventRecord(event_, s)); }
+void Event::synchronize() const { MB_CU(cuda_driver().cuEventSynchronize(event_)); }
+float Event::elapsed_ms(const Event& start, const Event& end) {
+  float ms = 0.f;
+  MB_CU(cuda_driver().cuEventElapsedTime(&ms, start.event_, end.event_));
+  return ms;
+}
+
+LoadedModule::LoadedModule(const std::vector<char>& cubin, const std::string& kernel_name, int dynamic_smem) {
+  const CudaDriver& d = cuda_driver();
+  MB_CU(d.cuModuleLoadData(&module_, cubin.data()));
+  try {
+    MB_CU(d.cuModuleGetFunction(&function_, module_, kernel_name.c_str()));
+    if (dynamic_smem > 48 * 1024)
+      MB_CU(d.cuFuncSetAttribute(function_, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem));
+  } catch (...) {
+    d.cuModuleUnload(module_);
+    throw;
+  }
+}
+LoadedModule::~LoadedModule() {
+  if (module_) cuda_driver().cuModuleUnload(module_);
+}
+
+}  // namespace moeblaze

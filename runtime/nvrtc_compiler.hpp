@@ -1,0 +1,61 @@
+// NVRTC: generated instantiation source -> cubin with its ptxas resource report.
+// Needs no GPU. The kernel templates come from the embedded copies of templates/;
+// CUDA's own headers are found at run time (CUDA_HOME, CUDA_PATH, /usr/local/cuda).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace moeblaze {
+
+// One translation unit holding one extern "C" kernel.
+struct KernelSource {
+  std::string kernel_name;  // the extern "C" symbol
+  std::string file_name;    // name NVRTC reports in diagnostics
+  std::string text;
+};
+
+struct ResourceReport {
+  int registers = -1;
+  int stack_bytes = 0;
+  int spill_store_bytes = 0;
+  int spill_load_bytes = 0;
+  int static_smem_bytes = 0;
+  bool has_spills() const { return spill_store_bytes > 0 || spill_load_bytes > 0 || stack_bytes > 0; }
+};
+
+struct CompileOptions {
+  std::string arch = "sm_90a";
+  std::vector<std::string> extra;  // appended as they are
+};
+
+struct CompiledKernel {
+  std::string kernel_name;
+  std::string arch;
+  std::vector<char> cubin;
+  ResourceReport resources;
+  std::string log;  // full NVRTC log (ptxas -v report included)
+  std::vector<std::string> options;
+  double compile_ms = 0;
+};
+
+// The CUDA toolkit include folder that holds cuda_bf16.h; throws Error naming the
+// places it looked and the variables that choose it.
+std::string find_cuda_include_dir();
+
+// Compiles `source` for options.arch. Throws CompileError (log, options, source) on failure.
+CompiledKernel compile_kernel(const KernelSource& source, const CompileOptions& options);
+
+// "major.minor" of the NVRTC library in use.
+std::string nvrtc_version();
+
+// Parses the ptxas -v lines of an NVRTC log for `kernel_name`.
+ResourceReport parse_resource_report(const std::string& log, const std::string& kernel_name);
+
+// 64-bit FNV-1a, the hash used for template and cache keys.
+unsigned long long fnv1a64(const std::string& text, unsigned long long seed = 1469598103934665603ull);
+
+// Hash of every embedded template header (names and contents): changes whenever any
+// kernel template changes.
+unsigned long long templates_hash();
+
+}  // namespace moeblaze

@@ -1,0 +1,259 @@
+// The expert GEMMs of the layer (DESIGN.md 1.3), each a grouped GEMM over experts with
+// its gather fused into the operand load and its elementwise work fused into the epilogue.
+// Shape parameters are compiled in: E experts, K picks, D model width, N expert width,
+// ACT activation. G = 2 for gated activations ([A|B] side by side), else 1.
+#pragma once
+#include "moeblaze/gemm/mainloop.cuh"
+#include "moeblaze/gemm/rows.cuh"
+#include "moeblaze/kernel_args.cuh"
+
+namespace moeblaze {
+
+template <Activation ACT>
+constexpr int gate_parts() { return is_gated(ACT) ? 2 : 1; }
+
+// ---- forward: up-projection ------------------------------------------------------------
+// Per expert e: [A|B] = gather(x) [W1_e; W3_e]^T, x read once for both matrices.
+// Writes H = [A|B] (when saved) and h = act(A) * B (when the down-projection needs it).
+template <class Cfg, int E, int D, int N, Activation ACT>
+MB_DEV void up_proj(const UpProjArgs& p) {
+  constexpr int G = gate_parts<ACT>();
+  static_assert(Cfg::NB == G, "gated activations stack W1 and W3 tiles");
+  const gemm::SlotTile t = gemm::slot_tile<Cfg::BM, Cfg::BN, E, N>(p.rv.tile_prefix, p.rv.expert_token_offsets);
+  if (!t.valid) return;
+  const bf16_t* x = static_cast<const bf16_t*>(p.x);
+  const i64 w_off = (static_cast<i64>(t.expert) * N + t.n0) * D;
+  const int n_rows = N - t.n0 < Cfg::BN ? N - t.n0 : Cfg::BN;
+  const gemm::Rows a{x, p.rv.expert_token_indices + t.slot0, t.rows, D, D};
+  const gemm::TwoPartRows b{static_cast<const bf16_t*>(p.w1) + w_off,
+                            G == 2 ? static_cast<const bf16_t*>(p.w3) + w_off : nullptr,
+                            Cfg::BN, n_rows, G == 2 ? n_rows : 0, D, D};
+  float acc[Cfg::NB][Cfg::MT][Cfg::NT][4];
+  gemm::mainloop<Cfg, true, true>(acc, a, b, D, gemm::dynamic_smem());
+
+  bf16_t* H = static_cast<bf16_t*>(p.H);
+  bf16_t* h = static_cast<bf16_t*>(p.h);
+  auto store = [&](int r, int c, float a0, float a1, float b0, float b1) {
+    const int col = t.n0 + c;
+    if (r >= t.rows || col >= N) return;
+    const i64 slot = t.slot0 + r;
+    // Round first so that h here equals what backward recomputes from the saved H.
+    a0 = bf2f(f2bf(a0)); a1 = bf2f(f2bf(a1));
+    b0 = bf2f(f2bf(b0)); b1 = bf2f(f2bf(b1));
+    if (H) {
+      store_bf16x2(H + slot * (G * N) + col, a0, a1);
+      if constexpr (G == 2) store_bf16x2(H + slot * (G * N) + N + col, b0, b1);
+    }
+    if (h) {
+      if constexpr (G == 2) store_bf16x2(h + slot * N + col, act_fwd<ACT>(a0) * b0, act_fwd<ACT>(a1) * b1);
+      else store_bf16x2(h + slot * N + col, act_fwd<ACT>(a0), act_fwd<ACT>(a1));
+    }
+  };
+  if constexpr (G == 2) {
+    gemm::for_each_pair<Cfg>(acc, store);
+  } else {
+    gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float a0, float a1) { store(r, c, a0, a1, 0.f, 0.f); });
+  }
+}
+
+// ---- forward: down-projection ------------------------------------------------------------
+// o = h W2_e^T per slot (expert-major order); the gate is applied by the combine.
+template <class Cfg, int E, int D, int N>
+MB_DEV void down_proj(const DownProjArgs& p) {
+  const gemm::SlotTile t = gemm::slot_tile<Cfg::BM, Cfg::BN, E, D>(p.rv.tile_prefix, p.rv.expert_token_offsets);
+  if (!t.valid) return;
+  const bf16_t* h = static_cast<const bf16_t*>(p.h);
+  const bf16_t* w2 = static_cast<const bf16_t*>(p.w2);
+  const gemm::Rows a{h + static_cast<i64>(t.slot0) * N, nullptr, t.rows, N, N};
+  const gemm::Rows b{w2 + (static_cast<i64>(t.expert) * D + t.n0) * N, nullptr,
+                     D - t.n0 < Cfg::BN ? D - t.n0 : Cfg::BN, N, N};
+  float acc[1][Cfg::MT][Cfg::NT][4];
+  gemm::mainloop<Cfg, true, true>(acc, a, b, N, gemm::dynamic_smem());
+  bf16_t* o = static_cast<bf16_t*>(p.o);
+  gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
+    const int col = t.n0 + c;
+    if (r < t.rows && col < D) store_bf16x2(o + static_cast<i64>(t.slot0 + r) * D + col, v0, v1);
+  });
+}
+
+// Gate of each row of a slot tile, looked up token-major (the slot's token picks `expert`
+// exactly once; the index build rejects duplicates).
+template <int K>
+MB_DEV float slot_gate(const RoutingView& rv, int slot, int expert) {
+  const i64 t = rv.expert_token_indices[slot];
+  float g = 0.f;
+#pragma unroll
+  for (int j = 0; j < K; ++j)
+    if (rv.token_expert_indices[t * K + j] == expert) g = rv.gates[t * K + j];
+  return g;
+}
+
+// ---- backward: down-projection dgrad -------------------------------------------------------
+// dh' = gather(dy) W2_e. Epilogue: recompute h from the saved [A|B], emit
+// dA = g dh' B act'(A), dB = g dh' act(A), hg = g h, and this tile's part of the gate
+// gradient <dh', h> (summed over tiles in a fixed order by gate_grad_reduce).
+template <class Cfg, int E, int K, int D, int N, Activation ACT>
+MB_DEV void down_dgrad(const DownDgradArgs& p) {
+  constexpr int G = gate_parts<ACT>();
+  constexpr int N_TILES = (N + Cfg::BN - 1) / Cfg::BN;
+  const gemm::SlotTile t = gemm::slot_tile<Cfg::BM, Cfg::BN, E, N>(p.rv.tile_prefix, p.rv.expert_token_offsets);
+  if (!t.valid) return;
+  const bf16_t* dy = static_cast<const bf16_t*>(p.dy);
+  const bf16_t* w2 = static_cast<const bf16_t*>(p.w2);
+  const gemm::Rows a{dy, p.rv.expert_token_indices + t.slot0, t.rows, D, D};
+  const gemm::Rows b{w2 + static_cast<i64>(t.expert) * D * N + t.n0, nullptr, D, N, N - t.n0};
+  float acc[1][Cfg::MT][Cfg::NT][4];
+  __shared__ float gate_s[Cfg::BM];
+  __shared__ float red_s[Cfg::BM][Cfg::WARPS_N];
+  for (int r = threadIdx.x; r < Cfg::BM; r += Cfg::THREADS)
+    gate_s[r] = r < t.rows ? slot_gate<K>(p.rv, t.slot0 + r, t.expert) : 0.f;
+  gemm::mainloop<Cfg, true, false>(acc, a, b, D, gemm::dynamic_smem());  // ends with a barrier
+
+  const bf16_t* H = static_cast<const bf16_t*>(p.H);
+  bf16_t* dH = static_cast<bf16_t*>(p.dH);
+  bf16_t* hg = static_cast<bf16_t*>(p.hg);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warp_m = warp / Cfg::WARPS_N, warp_n = warp % Cfg::WARPS_N;
+#pragma unroll
+  for (int mt = 0; mt < Cfg::MT; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = warp_m * Cfg::WTM + mt * 16 + (lane >> 2) + half * 8;
+      const bool row_ok = r < t.rows;
+      const i64 slot = t.slot0 + r;
+      const float g = gate_s[r];
+      float dot = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < Cfg::NT; ++nt) {
+        const int col = t.n0 + warp_n * Cfg::WTN + nt * 8 + (lane & 3) * 2;
+        if (!row_ok || col >= N) continue;
+        const float d0 = acc[0][mt][nt][half * 2], d1 = acc[0][mt][nt][half * 2 + 1];
+        const float2 av = load_bf16x2(H + slot * (G * N) + col);
+        float h0, h1, da0, da1;
+        if constexpr (G == 2) {
+          const float2 bv = load_bf16x2(H + slot * (G * N) + N + col);
+          const float s0 = act_fwd<ACT>(av.x), s1 = act_fwd<ACT>(av.y);
+          h0 = s0 * bv.x; h1 = s1 * bv.y;
+          da0 = g * d0 * bv.x * act_grad<ACT>(av.x);
+          da1 = g * d1 * bv.y * act_grad<ACT>(av.y);
+          store_bf16x2(dH + slot * (G * N) + N + col, g * d0 * s0, g * d1 * s1);
+        } else {
+          h0 = act_fwd<ACT>(av.x); h1 = act_fwd<ACT>(av.y);
+          da0 = g * d0 * act_grad<ACT>(av.x);
+          da1 = g * d1 * act_grad<ACT>(av.y);
+        }
+        store_bf16x2(dH + slot * (G * N) + col, da0, da1);
+        store_bf16x2(hg + slot * N + col, g * h0, g * h1);
+        dot += d0 * h0 + d1 * h1;
+      }
+      // The four lanes of a quad hold the same row: fixed-order butterfly, then per warp.
+      dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+      dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+      if ((lane & 3) == 0) red_s[r][warp_n] = dot;
+    }
+  __syncthreads();
+  for (int r = threadIdx.x; r < t.rows; r += Cfg::THREADS) {
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < Cfg::WARPS_N; ++w) s += red_s[r][w];
+    p.gate_partials[static_cast<i64>(t.slot0 + r) * N_TILES + t.n_tile] = s;
+  }
+}
+
+// ---- backward: weight gradients ----------------------------------------------------------
+// Tile of a per-expert weight gradient (M x N_OUT per expert, reduction over the expert's
+// slots). Blocks: expert-major, then M tiles, then N tiles.
+struct WgradTile {
+  int expert, m0, n0, slot0, count;
+};
+template <int BM, int BN, int M, int N_OUT>
+MB_DEV WgradTile wgrad_tile(const RoutingView& rv) {
+  constexpr int TM = (M + BM - 1) / BM, TN = (N_OUT + BN - 1) / BN;
+  WgradTile w;
+  w.expert = blockIdx.x / (TM * TN);
+  const int rem = blockIdx.x % (TM * TN);
+  w.m0 = (rem / TN) * BM;
+  w.n0 = (rem % TN) * BN;
+  w.slot0 = rv.expert_token_offsets[w.expert];
+  w.count = rv.expert_token_offsets[w.expert + 1] - w.slot0;
+  return w;
+}
+
+template <class Cfg, class RowOut>
+MB_DEV void store_wgrad(const float (&acc)[1][Cfg::MT][Cfg::NT][4], int m_valid, int n_valid,
+                        int n0, int accumulate_fp32, RowOut row_out) {
+  gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
+    if (r >= m_valid || c >= n_valid) return;
+    void* row = row_out(r);
+    if (accumulate_fp32) {
+      float* o = static_cast<float*>(row) + n0 + c;
+      o[0] += v0;
+      o[1] += v1;
+    } else {
+      store_bf16x2(static_cast<bf16_t*>(row) + n0 + c, v0, v1);
+    }
+  });
+}
+
+// dW2_e = sum over slots of gather(dy)^T (g h): M = D, N = N, both operands gathered along k.
+template <class Cfg, int E, int D, int N>
+MB_DEV void down_wgrad(const WgradArgs& p) {
+  const WgradTile w = wgrad_tile<Cfg::BM, Cfg::BN, D, N>(p.rv);
+  const bf16_t* dy = static_cast<const bf16_t*>(p.a);
+  const bf16_t* hg = static_cast<const bf16_t*>(p.b);
+  const gemm::Rows a{dy + w.m0, p.rv.expert_token_indices + w.slot0, w.count, D, D - w.m0};
+  const gemm::Rows b{hg + static_cast<i64>(w.slot0) * N + w.n0, nullptr, w.count, N, N - w.n0};
+  float acc[1][Cfg::MT][Cfg::NT][4];
+  gemm::mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem());
+  const int elem = p.accumulate_fp32 ? 4 : 2;
+  char* out = static_cast<char*>(p.out0);
+  store_wgrad<Cfg>(acc, D - w.m0, N - w.n0, w.n0, p.accumulate_fp32, [&](int r) -> void* {
+    return out + ((static_cast<i64>(w.expert) * D + w.m0 + r) * N) * elem;
+  });
+}
+
+// [dW1_e; dW3_e] = [dA|dB]^T gather(x): M = G*N rows of dH, N = D.
+template <class Cfg, int E, int D, int N, Activation ACT>
+MB_DEV void up_wgrad(const WgradArgs& p) {
+  constexpr int G = gate_parts<ACT>();
+  const WgradTile w = wgrad_tile<Cfg::BM, Cfg::BN, G * N, D>(p.rv);
+  const bf16_t* dH = static_cast<const bf16_t*>(p.a);
+  const bf16_t* x = static_cast<const bf16_t*>(p.b);
+  const gemm::Rows a{dH + static_cast<i64>(w.slot0) * (G * N) + w.m0, nullptr, w.count, G * N, G * N - w.m0};
+  const gemm::Rows b{x + w.n0, p.rv.expert_token_indices + w.slot0, w.count, D, D - w.n0};
+  float acc[1][Cfg::MT][Cfg::NT][4];
+  gemm::mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem());
+  const int elem = p.accumulate_fp32 ? 4 : 2;
+  char* out0 = static_cast<char*>(p.out0);
+  char* out1 = static_cast<char*>(p.out1);
+  store_wgrad<Cfg>(acc, G * N - w.m0, D - w.n0, w.n0, p.accumulate_fp32, [&](int r) -> void* {
+    const int m = w.m0 + r;
+    char* base = m < N ? out0 : out1;
+    const int row = m < N ? m : m - N;
+    return base + ((static_cast<i64>(w.expert) * N + row) * D) * elem;
+  });
+}
+
+// ---- backward: up-projection dgrad ---------------------------------------------------------
+// dx per slot = [dA|dB] [W1_e; W3_e] (one GEMM, reduction G*N); token sums come after.
+template <class Cfg, int E, int D, int N, Activation ACT>
+MB_DEV void up_dgrad(const UpDgradArgs& p) {
+  constexpr int G = gate_parts<ACT>();
+  const gemm::SlotTile t = gemm::slot_tile<Cfg::BM, Cfg::BN, E, D>(p.rv.tile_prefix, p.rv.expert_token_offsets);
+  if (!t.valid) return;
+  const bf16_t* dH = static_cast<const bf16_t*>(p.dH);
+  const i64 w_off = static_cast<i64>(t.expert) * N * D + t.n0;
+  const gemm::Rows a{dH + static_cast<i64>(t.slot0) * (G * N), nullptr, t.rows, G * N, G * N};
+  const gemm::TwoPartRows b{static_cast<const bf16_t*>(p.w1) + w_off,
+                            G == 2 ? static_cast<const bf16_t*>(p.w3) + w_off : nullptr,
+                            N, N, G == 2 ? N : 0, D, D - t.n0};
+  float acc[1][Cfg::MT][Cfg::NT][4];
+  gemm::mainloop<Cfg, true, false>(acc, a, b, G * N, gemm::dynamic_smem());
+  bf16_t* dxs = static_cast<bf16_t*>(p.dxs);
+  gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
+    const int col = t.n0 + c;
+    if (r < t.rows && col < D) store_bf16x2(dxs + static_cast<i64>(t.slot0 + r) * D + col, v0, v1);
+  });
+}
+
+}  // namespace moeblaze

@@ -1,0 +1,84 @@
+// Row sources for the GEMM mainloop (see mainloop.cuh): how a tile row maps to memory.
+// This is where gathers are fused: a row is either base + r*ld (contiguous) or
+// base + idx[r]*ld (gathered through expert_token_indices).
+#pragma once
+#include "moeblaze/device.cuh"
+
+namespace moeblaze::gemm {
+
+struct Rows {
+  const bf16_t* base;
+  const int* idx;  // nullptr: contiguous rows
+  int count;       // rows [0, count) exist
+  i64 ld;          // elements between rows
+  int limit;       // valid columns (see mainloop.cuh)
+  MB_DEV const bf16_t* row(int r) const {
+    if (r >= count) return nullptr;
+    return base + (idx ? static_cast<i64>(idx[r]) : static_cast<i64>(r)) * ld;
+  }
+  MB_DEV const bf16_t* fallback() const { return base; }
+};
+
+// Rows [0, split) from base0, rows [split, count) from base1 (row r at base1 + (r-split)*ld).
+// Stacks W1 on W3 along n (up forward, split = BN) or along k (up dgrad, split = n).
+struct TwoPartRows {
+  const bf16_t* base0;
+  const bf16_t* base1;
+  int split;
+  int count0, count1;  // valid rows in each part
+  i64 ld;
+  int limit;
+  MB_DEV const bf16_t* row(int r) const {
+    if (r < split) return r < count0 ? base0 + static_cast<i64>(r) * ld : nullptr;
+    r -= split;
+    return r < count1 ? base1 + static_cast<i64>(r) * ld : nullptr;
+  }
+  MB_DEV const bf16_t* fallback() const { return base0; }
+};
+
+// Dynamic shared memory, 128-byte aligned, shared by every kernel of a translation unit.
+MB_DEV bf16_t* dynamic_smem() {
+  extern __shared__ __align__(128) unsigned char moeblaze_smem[];
+  return reinterpret_cast<bf16_t*>(moeblaze_smem);
+}
+
+// Tile of a grouped GEMM whose M dimension is an expert's slots (a run-time count):
+// blocks are numbered expert by expert, N-tile outer and M-tile inner inside an expert so
+// that consecutive blocks reuse one weight tile while the expert's gathered rows stay in L2.
+struct SlotTile {
+  int expert, slot0, rows, n0, n_tile;
+  bool valid;
+};
+
+template <int BM, int BN, int E, int N_OUT>
+MB_DEV SlotTile slot_tile(const int* tile_prefix_all, const int* expert_token_offsets) {
+  constexpr int N_TILES = (N_OUT + BN - 1) / BN;
+  const int* tp = tile_prefix_all + tile_prefix_row(BM) * (E + 1);
+  SlotTile t{};
+  const int m_global = blockIdx.x / N_TILES;
+  if (m_global >= tp[E]) { t.valid = false; return t; }
+  int lo = 0, hi = E;  // invariant: tp[lo] <= m_global < tp[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (tp[mid] <= m_global) lo = mid; else hi = mid;
+  }
+  const int m_tiles = tp[lo + 1] - tp[lo];
+  const int local = blockIdx.x - tp[lo] * N_TILES;
+  const int mt = local % m_tiles;
+  t.n_tile = local / m_tiles;
+  t.expert = lo;
+  t.slot0 = expert_token_offsets[lo] + mt * BM;
+  const int end = expert_token_offsets[lo + 1];
+  t.rows = end - t.slot0 < BM ? end - t.slot0 : BM;
+  t.n0 = t.n_tile * BN;
+  t.valid = true;
+  return t;
+}
+
+// Upper bound of blocks for a slot-tiled grid: sum over experts of ceil(count/BM) is at
+// most ceil(T*K/BM) + E.
+MB_HD constexpr i64 slot_tile_blocks(i64 slots, int bm, int bn, int e, int n_out) {
+  return ((slots + bm - 1) / bm + e) * ((n_out + bn - 1) / bn);
+}
+
+}  // namespace moeblaze::gemm

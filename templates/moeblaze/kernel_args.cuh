@@ -1,0 +1,127 @@
+// Kernel argument structs, shared by the host launcher and the device templates.
+// Only plain types: pointers are untyped (bf16 data is __nv_bfloat16 on the device and
+// moeblaze::bf16 on the host; same bits). Every kernel takes exactly one of these by value.
+#pragma once
+#include "moeblaze/common.cuh"
+
+namespace moeblaze {
+
+// The routing view every expert kernel reads (DESIGN.md 1.2), plus the tile schedule.
+struct RoutingView {
+  const int* expert_token_indices;  // [T*K]
+  const int* expert_token_offsets;  // [E+1]
+  const int* token_expert_indices;  // [T*K]
+  const int* token_index_map;       // [T*K]
+  const int* tile_prefix;           // [3][E+1]: exclusive prefix of ceil(count/BM), BM = 64,128,256
+  const float* gates;               // [T*K] token-major gate of each slot
+  i64 tokens;                       // T
+};
+
+// Index of the tile-prefix row for a block height (64 -> 0, 128 -> 1, 256 -> 2).
+MB_HD constexpr int tile_prefix_row(int bm) { return bm == 64 ? 0 : bm == 128 ? 1 : 2; }
+constexpr int kTilePrefixRows = 3;
+
+// ---- routing -------------------------------------------------------------------------
+struct RouterTopkArgs {
+  const float* logits;  // [T,E] fp32
+  const float* bias;    // [E] or nullptr (sigmoid router)
+  float route_scale;
+  i64 tokens;
+  int* topk_ids;        // [T*K] out
+  float* topk_weights;  // [T*K] out
+};
+
+struct RouterBackwardArgs {
+  const float* logits;        // [T,E] fp32, recomputed in backward
+  const int* topk_ids;        // [T*K]
+  const float* d_topk_weights;  // [T*K]
+  float route_scale;
+  i64 tokens;
+  void* d_logits;             // [T,E_pad] bf16 out (columns E..E_pad written as 0)
+};
+
+struct IndexBuildArgs {
+  const int* topk_ids;     // [T*K]
+  i64 tokens;
+  int blocks;              // blocks of the count/scatter kernels
+  int* block_counts;       // [E][blocks] scratch
+  int* block_offsets;      // [E][blocks] scratch
+  int* expert_token_indices;
+  int* expert_token_offsets;
+  int* token_expert_indices;
+  int* token_index_map;
+  int* tile_prefix;        // [3][E+1]
+  int* expert_counts;      // [E] router statistics out (tokens per expert)
+  int* status;             // one word, RoutingStatus
+};
+
+// ---- expert GEMMs ------------------------------------------------------------------------
+struct UpProjArgs {      // forward and backward-recompute up-projection
+  RoutingView rv;
+  const void* x;         // [T,d]
+  const void* w1;        // [E,n,d]
+  const void* w3;        // [E,n,d] (gated only)
+  void* H;               // [T*K, G*n] saved pre-activations [A|B], or nullptr
+  void* h;               // [T*K, n] activations for the down-projection, or nullptr
+};
+
+struct DownProjArgs {
+  RoutingView rv;
+  const void* h;         // [T*K, n]
+  const void* w2;        // [E,d,n]
+  void* o;               // [T*K, d] expert outputs (gate applied in the combine)
+};
+
+struct CombineArgs {     // y_t = sum_j g_tj * rows[token_index_map[t,j]]; also dx gather-sum
+  const int* token_index_map;
+  const float* gates;    // [T*K] or nullptr for an unweighted sum
+  const void* rows;      // [T*K, d]
+  i64 tokens;
+  void* out;             // [T,d] bf16
+};
+
+struct DownDgradArgs {
+  RoutingView rv;
+  const void* dy;        // [T,d]
+  const void* w2;        // [E,d,n]
+  const void* H;         // [T*K, G*n]
+  void* dH;              // [T*K, G*n] out: [dA|dB]
+  void* hg;              // [T*K, n] out: gate * h (input of the down wgrad)
+  float* gate_partials;  // [T*K, n_tiles] out: per-tile parts of <dy W2, h>
+};
+
+struct GateGradArgs {
+  const int* token_index_map;
+  const float* gate_partials;  // [T*K, n_tiles]
+  i64 slots;
+  float* d_topk_weights;       // [T*K] out, token-major
+};
+
+struct WgradArgs {       // dW = sum over an expert's slots of A^T B (both gathered along k)
+  RoutingView rv;
+  const void* a;         // down: dy [T,d];  up: dH [T*K, G*n]
+  const void* b;         // down: hg [T*K,n]; up: x [T,d]
+  void* out0;            // down: dW2 [E,d,n]; up: dW1 [E,n,d]
+  void* out1;            // up gated: dW3 [E,n,d]
+  int accumulate_fp32;   // 1: out are fp32 buffers and results are added; 0: bf16 stores
+};
+
+struct UpDgradArgs {
+  RoutingView rv;
+  const void* dH;        // [T*K, G*n]
+  const void* w1;
+  const void* w3;
+  void* dxs;             // [T*K, d] per-slot dx
+};
+
+// ---- router GEMMs (dense, one group) ------------------------------------------------------
+struct RouterGemmArgs {
+  const void* x;         // [T,d]
+  const void* w_router;  // [E,d]
+  const void* d_logits;  // [T,E_pad] bf16 (backward)
+  i64 tokens;
+  void* out;             // logits: [T,E] fp32; dgrad: dx [T,d] bf16 (added); wgrad: dW_r [E,d]
+  int accumulate_fp32;   // wgrad: 1 adds into an fp32 dW_r
+};
+
+}  // namespace moeblaze
