@@ -10,6 +10,8 @@ namespace moeblaze {
 
 typedef __nv_bfloat16 bf16_t;
 
+#define MB_INFINITY __int_as_float(0x7f800000)
+
 MB_DEV float bf2f(bf16_t v) { return __bfloat162float(v); }
 MB_DEV bf16_t f2bf(float v) { return __float2bfloat16_rn(v); }
 

@@ -21,6 +21,12 @@ struct RoutingView {
 MB_HD constexpr int tile_prefix_row(int bm) { return bm == 64 ? 0 : bm == 128 ? 1 : 2; }
 constexpr int kTilePrefixRows = 3;
 
+// Upper bound of blocks for a grid tiled over expert slots (rows) and n_out (columns):
+// the sum over experts of ceil(count/BM) is at most ceil(T*K/BM) + E.
+MB_HD constexpr i64 slot_tile_blocks(i64 slots, int bm, int bn, int experts, int n_out) {
+  return ((slots + bm - 1) / bm + experts) * ((n_out + bn - 1) / bn);
+}
+
 // ---- routing -------------------------------------------------------------------------
 struct RouterTopkArgs {
   const float* logits;  // [T,E] fp32

@@ -25,10 +25,10 @@ struct TokenScores {
 #pragma unroll
     for (int i = 0; i < VPL; ++i) {
       const int e = lane + 32 * i;
-      l[i] = e < E ? logits[e] : -INFINITY;
+      l[i] = e < E ? logits[e] : -MB_INFINITY;
     }
     if constexpr (KIND == RouterKind::softmax_topk) {
-      float m = -INFINITY;
+      float m = -MB_INFINITY;
 #pragma unroll
       for (int i = 0; i < VPL; ++i) m = fmaxf(m, l[i]);
       max_logit = warp_max(m);
@@ -62,12 +62,12 @@ MB_DEV void topk(const RouterTopkArgs& p) {
     const int e = lane + 32 * i;
     float k = sc.score[i];
     if constexpr (KIND == RouterKind::sigmoid_topk) k += (p.bias && e < E) ? p.bias[e] : 0.f;
-    key[i] = e < E ? k : -INFINITY;
+    key[i] = e < E ? k : -MB_INFINITY;
   }
   int my_id = 0;
   float my_gate = 0.f, picked_sum = 0.f;
   for (int j = 0; j < K; ++j) {
-    float bk = -INFINITY;
+    float bk = -MB_INFINITY;
     int bi = 0x7fffffff;
 #pragma unroll
     for (int i = 0; i < VPL; ++i)
@@ -81,7 +81,7 @@ MB_DEV void topk(const RouterTopkArgs& p) {
     float s = 0.f;
 #pragma unroll
     for (int i = 0; i < VPL; ++i)
-      if (lane + 32 * i == bi) { s = sc.score[i]; key[i] = -INFINITY; }
+      if (lane + 32 * i == bi) { s = sc.score[i]; key[i] = -MB_INFINITY; }
     s = __shfl_sync(0xffffffffu, s, bi & 31);
     picked_sum += s;
     if (lane == j) { my_id = bi; my_gate = s; }

@@ -3,6 +3,7 @@
 // base + idx[r]*ld (gathered through expert_token_indices).
 #pragma once
 #include "moeblaze/device.cuh"
+#include "moeblaze/kernel_args.cuh"
 
 namespace moeblaze::gemm {
 
@@ -73,12 +74,6 @@ MB_DEV SlotTile slot_tile(const int* tile_prefix_all, const int* expert_token_of
   t.n0 = t.n_tile * BN;
   t.valid = true;
   return t;
-}
-
-// Upper bound of blocks for a slot-tiled grid: sum over experts of ceil(count/BM) is at
-// most ceil(T*K/BM) + E.
-MB_HD constexpr i64 slot_tile_blocks(i64 slots, int bm, int bn, int e, int n_out) {
-  return ((slots + bm - 1) / bm + e) * ((n_out + bn - 1) / bn);
 }
 
 }  // namespace moeblaze::gemm

@@ -1,0 +1,93 @@
+// `moeblaze generate` and `moeblaze presets`: no GPU needed.
+#include <fmt/format.h>
+
+#include "cli/commands.hpp"
+#include "kernel_set.hpp"
+#include "nvrtc_compiler.hpp"
+#include "tuner/heuristics.hpp"
+
+namespace moeblaze::cli {
+
+Command presets_command() {
+  auto app = std::make_shared<CLI::App*>(nullptr);
+  auto json = std::make_shared<bool>(false);
+  Command c;
+  c.add = [=](CLI::App& root) {
+    *app = root.add_subcommand("presets", "list the model presets (the benchmark suite first)");
+    (*app)->add_flag("--json", *json, "machine-readable output");
+  };
+  c.selected = [=] { return (*app)->parsed(); };
+  c.run = [=] {
+    if (*json) fmt::print("[\n");
+    const auto& all = presets();
+    for (size_t i = 0; i < all.size(); ++i) {
+      const auto& p = all[i];
+      const auto& s = p.layer.shape;
+      if (*json)
+        fmt::print("  {{\"name\": \"{}\", \"E\": {}, \"K\": {}, \"d\": {}, \"n\": {}, \"T\": {}, \"router\": \"{}\", "
+                   "\"renormalize\": {}, \"route_scale\": {}, \"suite\": {}}}{}\n",
+                   p.name, s.experts, s.topk, s.hidden, s.ffn, p.tokens, to_string(p.layer.router),
+                   p.layer.renormalize, p.layer.route_scale, p.in_suite, i + 1 < all.size() ? "," : "");
+      else
+        fmt::print("{:<18} E={:<4} K={:<3} d={:<5} n={:<6} T={:<6} router={}{}{}\n", p.name, s.experts, s.topk,
+                   s.hidden, s.ffn, p.tokens, to_string(p.layer.router), p.layer.renormalize ? ",renorm" : "",
+                   p.in_suite ? "  [suite]" : "");
+    }
+    if (*json) fmt::print("]\n");
+    return 0;
+  };
+  return c;
+}
+
+Command generate_command() {
+  struct State {
+    CLI::App* app = nullptr;
+    ShapeOptions shape;
+    std::string arch = "sm_90a";
+    bool json = false, show_source = false;
+  };
+  auto st = std::make_shared<State>();
+  Command c;
+  c.add = [st](CLI::App& root) {
+    st->app = root.add_subcommand("generate", "generate and NVRTC-compile every kernel of a layer (no GPU needed)");
+    st->shape.add(st->app, false);
+    st->app->add_option("--arch", st->arch, "target architecture")->capture_default_str();
+    st->app->add_flag("--json", st->json, "machine-readable output");
+    st->app->add_flag("--source", st->show_source, "print each generated instantiation source");
+  };
+  c.selected = [st] { return st->app->parsed(); };
+  c.run = [st] {
+    const LayerConfig layer = st->shape.layer();
+    const auto specs = layer_kernel_specs(layer, st->arch);
+    const auto built = compile_all(specs);
+    int spills = 0;
+    if (st->json) fmt::print("{{\"layer\": \"{}\", \"arch\": \"{}\", \"nvrtc\": \"{}\", \"kernels\": [\n",
+                             layer.describe(), st->arch, nvrtc_version());
+    else fmt::print("{} for {} (NVRTC {})\n", layer.describe(), st->arch, nvrtc_version());
+    for (size_t i = 0; i < built.size(); ++i) {
+      const auto& b = built[i];
+      const auto& r = b.compiled.resources;
+      spills += r.has_spills();
+      if (st->json) {
+        fmt::print("  {{\"family\": \"{}\", \"kernel\": \"{}\", \"registers\": {}, \"static_smem\": {}, "
+                   "\"dynamic_smem\": {}, \"stack\": {}, \"spill_stores\": {}, \"spill_loads\": {}, "
+                   "\"cubin_bytes\": {}, \"compile_ms\": {:.0f}}}{}\n",
+                   to_string(b.generated.spec.family), b.compiled.kernel_name, r.registers, r.static_smem_bytes,
+                   b.generated.dynamic_smem, r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes,
+                   b.compiled.cubin.size(), b.compiled.compile_ms, i + 1 < built.size() ? "," : "");
+      } else {
+        fmt::print("  {:<16} regs {:>3}  smem {:>6} + {:>6}  stack {:>3}  spill {:>3}/{:<3}  {:>5.0f} ms  {}\n",
+                   to_string(b.generated.spec.family), r.registers, r.static_smem_bytes, b.generated.dynamic_smem,
+                   r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes, b.compiled.compile_ms,
+                   b.compiled.kernel_name);
+      }
+      if (st->show_source) fmt::print("{}\n", b.generated.source.text);
+    }
+    if (st->json) fmt::print("], \"kernels_with_spills\": {}}}\n", spills);
+    else fmt::print("{} kernels compiled, {} with spills or stack use\n", built.size(), spills);
+    return spills ? 1 : 0;
+  };
+  return c;
+}
+
+}  // namespace moeblaze::cli

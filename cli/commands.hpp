@@ -1,0 +1,44 @@
+// Subcommand registry of the CLI. A command adds its options to the app and runs when
+// selected; it returns the process exit code.
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "generator/layer_config.hpp"
+
+namespace moeblaze::cli {
+
+struct Command {
+  std::function<void(CLI::App&)> add;  // registers the subcommand
+  std::function<bool()> selected;
+  std::function<int()> run;
+};
+
+std::vector<Command> all_commands();
+
+// Shape options shared by every command that works on one layer:
+// --preset NAME | --experts --topk --hidden --ffn [--activation] [--router] ...
+struct ShapeOptions {
+  std::string preset;
+  int experts = 0, topk = 0, hidden = 0, ffn = 0;
+  std::string activation = "swiglu";
+  std::string router;  // empty: the preset's router, or none
+  bool renormalize = false;
+  float route_scale = 1.f;
+  long long tokens = 0;  // 0: the preset's T
+  void add(CLI::App* cmd, bool with_tokens);
+  // The layer and token count these options name; throws InvalidArgument naming the option.
+  LayerConfig layer() const;
+  long long token_count(long long fallback) const;
+};
+
+Command presets_command();
+Command generate_command();
+Command forward_check_command();
+Command grad_check_command();
+
+}  // namespace moeblaze::cli

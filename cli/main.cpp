@@ -1,0 +1,36 @@
+// The moeblaze command-line tool: a thin client of the library. Each subcommand lives in
+// its own file (cli/cmd_*.cpp) and registers itself here.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "cli/commands.hpp"
+#include "errors.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"moeblaze: MoE layer kernels for Hopper GPUs, generated per shape, compiled with NVRTC"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("moeblaze ") + MOEBLAZE_VERSION);
+  std::vector<moeblaze::cli::Command> commands = moeblaze::cli::all_commands();
+  for (auto& c : commands) c.add(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    for (auto& c : commands)
+      if (c.selected()) return c.run();
+  } catch (const moeblaze::InvalidArgument& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 2;
+  } catch (const moeblaze::NoGpu& e) {
+    fmt::print(stderr, "error: this command needs a GPU: {}\n", e.what());
+    return 3;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

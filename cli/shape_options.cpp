@@ -1,0 +1,52 @@
+#include <fmt/format.h>
+
+#include "cli/commands.hpp"
+#include "errors.hpp"
+
+namespace moeblaze::cli {
+
+void ShapeOptions::add(CLI::App* cmd, bool with_tokens) {
+  cmd->add_option("--preset", preset, "model preset (see `moeblaze presets`)");
+  cmd->add_option("--experts,-E", experts, "number of experts E (1..512)");
+  cmd->add_option("--topk,-K", topk, "experts per token K (1..16, <= E)");
+  cmd->add_option("--hidden,-d", hidden, "model width d (multiple of 8)");
+  cmd->add_option("--ffn,-n", ffn, "expert FFN width n (multiple of 8)");
+  cmd->add_option("--activation", activation, "swiglu | geglu | silu | gelu | relu")->capture_default_str();
+  cmd->add_option("--router", router, "none | softmax | sigmoid (default: the preset's, else none)");
+  cmd->add_flag("--renormalize", renormalize, "renormalise gates over the K picks (explicit shapes)");
+  cmd->add_option("--route-scale", route_scale, "gate scale factor (explicit shapes)");
+  if (with_tokens) cmd->add_option("--tokens,-T", tokens, "tokens per step T (default: the preset's)");
+}
+
+LayerConfig ShapeOptions::layer() const {
+  LayerConfig l;
+  const bool explicit_shape = experts || topk || hidden || ffn;
+  if (!preset.empty()) {
+    if (explicit_shape)
+      throw InvalidArgument("--preset", "give either --preset or --experts/--topk/--hidden/--ffn, not both");
+    l = find_preset(preset).layer;
+  } else {
+    if (!explicit_shape) throw InvalidArgument("--preset", "name a preset or give --experts/--topk/--hidden/--ffn");
+    if (!experts) throw InvalidArgument("--experts", "missing (needed with an explicit shape)");
+    if (!topk) throw InvalidArgument("--topk", "missing (needed with an explicit shape)");
+    if (!hidden) throw InvalidArgument("--hidden", "missing (needed with an explicit shape)");
+    if (!ffn) throw InvalidArgument("--ffn", "missing (needed with an explicit shape)");
+    l.shape = {experts, topk, hidden, ffn};
+    l.renormalize = renormalize;
+    l.route_scale = route_scale;
+  }
+  l.activation = parse_activation(activation);
+  if (!router.empty()) l.router = parse_router(router);
+  l.validate();
+  return l;
+}
+
+long long ShapeOptions::token_count(long long fallback) const {
+  long long t = tokens;
+  if (t == 0 && !preset.empty()) t = find_preset(preset).tokens;
+  if (t == 0) t = fallback;
+  if (t <= 0) throw InvalidArgument("--tokens", fmt::format("T = {} must be positive", t));
+  return t;
+}
+
+}  // namespace moeblaze::cli

@@ -1,0 +1,86 @@
+#include "kernel_set.hpp"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "tuner/heuristics.hpp"
+
+namespace moeblaze {
+
+std::vector<BuiltKernel> compile_all(const std::vector<KernelSpec>& specs, unsigned threads) {
+  std::vector<BuiltKernel> out(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) out[i].generated = generate(specs[i]);
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  threads = std::min<unsigned>(threads, static_cast<unsigned>(specs.size()));
+  std::atomic<size_t> next{0};
+  std::exception_ptr first_error;
+  std::mutex error_mutex;
+  auto worker = [&] {
+    for (size_t i = next++; i < out.size(); i = next++) {
+      try {
+        out[i].compiled = compile_kernel(out[i].generated.source, CompileOptions{out[i].generated.spec.arch, {}});
+      } catch (...) {
+        std::lock_guard lock(error_mutex);
+        if (!first_error) first_error = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+  if (first_error) std::rethrow_exception(first_error);
+  return out;
+}
+
+KernelSet KernelSet::compile(const LayerConfig& layer, const std::string& arch,
+                             const std::map<KernelFamily, TileConfig>& tiles) {
+  layer.validate();
+  std::vector<KernelSpec> specs = layer_kernel_specs(layer, arch);
+  for (auto& s : specs)
+    if (auto it = tiles.find(s.family); it != tiles.end()) s.tile = it->second;
+  // gate_grad sums down_dgrad's N tiles: keep their tiles in step.
+  for (auto& s : specs)
+    if (s.family == KernelFamily::gate_grad)
+      for (const auto& o : specs)
+        if (o.family == KernelFamily::down_dgrad) s.tile = o.tile;
+  KernelSet set;
+  set.layer_ = layer;
+  set.kernels_ = compile_all(specs);
+  return set;
+}
+
+void KernelSet::load() {
+  for (auto& k : kernels_)
+    if (!k.loaded)
+      k.loaded = std::make_unique<LoadedModule>(k.compiled.cubin, k.compiled.kernel_name, k.generated.dynamic_smem);
+}
+
+bool KernelSet::loaded() const {
+  for (const auto& k : kernels_)
+    if (!k.loaded) return false;
+  return !kernels_.empty();
+}
+
+const BuiltKernel& KernelSet::get(KernelFamily f) const {
+  for (const auto& k : kernels_)
+    if (k.generated.spec.family == f) return k;
+  throw Error(fmt::format("kernel {} is not part of this layer ({})", to_string(f), layer_.describe()));
+}
+
+void KernelSet::launch_raw(KernelFamily f, long long grid, void* args, CUstream stream) const {
+  if (grid <= 0) return;  // nothing to do (e.g. no tokens routed)
+  const BuiltKernel& k = get(f);
+  if (!k.loaded) throw Error(fmt::format("kernel {} launched before KernelSet::load()", k.compiled.kernel_name));
+  if (grid > 0x7fffffffLL) throw Error(fmt::format("kernel {}: grid of {} blocks is too large", to_string(f), grid));
+  void* params[] = {args};
+  check_cuda(cuda_driver().cuLaunchKernel(k.loaded->function(), static_cast<unsigned>(grid), 1, 1,
+                                          static_cast<unsigned>(k.generated.threads), 1, 1,
+                                          static_cast<unsigned>(k.generated.dynamic_smem), stream, params, nullptr),
+             k.compiled.kernel_name.c_str());
+}
+
+}  // namespace moeblaze
