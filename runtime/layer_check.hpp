@@ -1,0 +1,63 @@
+// End-to-end check of the layer on a GPU against the CPU reference: random inputs (never
+// zeros), poisoned outputs (every element must be written), two runs compared bitwise,
+// and relative errors (Frobenius) of every output on sampled tokens and experts.
+// Library code: the CLI (forward-check, grad-check) and the GPU tests call it.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moe_layer.hpp"
+
+namespace moeblaze {
+
+// How topk ids are drawn when the caller provides the routing (router = none).
+enum class RoutingDistribution {
+  random,    // K distinct experts per token, uniformly
+  skewed,    // a few hot experts (E/16, at least 1) carry 4x the mean load
+  balanced,  // token t picks experts (t*K + j) mod E
+  one_hot,   // every token picks experts 0..K-1 (all tokens on the same K experts)
+};
+std::string to_string(RoutingDistribution r);
+RoutingDistribution parse_routing(const std::string& s);
+
+struct LayerCheckOptions {
+  LayerConfig layer;
+  int64_t tokens = 0;
+  CheckpointMode mode = CheckpointMode::save_h;
+  RoutingDistribution routing = RoutingDistribution::random;  // used when layer.router == none
+  bool backward = true;
+  uint64_t seed = 1;
+  int sample_tokens = 256;  // tokens compared with the reference (all when T is smaller)
+  int sample_experts = 3;   // experts whose weight gradients are compared
+  double tolerance = 1e-2;
+  bool accumulate_fp32 = false;  // weight gradients into fp32 buffers (added to their contents)
+};
+
+struct ErrorLine {
+  std::string name;
+  double rel_error = 0;  // ||got-ref|| / ||ref||
+  int64_t elements = 0;  // elements compared
+  bool exact = false;    // integer data compared for equality (rel_error 0 or 1)
+};
+
+struct LayerCheckResult {
+  std::string layer, device;
+  int64_t tokens = 0;
+  std::vector<ErrorLine> errors;
+  bool all_written = true;         // no poison left in any output
+  std::string unwritten;           // which output had poison left
+  bool bitwise_identical = true;   // second run equals the first, every output
+  std::string differs;             // which output differed
+  double forward_ms = 0, backward_ms = 0;  // second run, CUDA events
+  MemoryPlan plan;
+  size_t peak_bytes = 0;  // saved + larger scratch + y + dx (weights, grads and x excluded)
+  std::vector<int64_t> expert_counts_min_max;  // min, max tokens per expert
+  double max_error() const;
+  bool passed(double tolerance) const;
+};
+
+// Runs the check on the current device (a DeviceContext must be current).
+LayerCheckResult run_layer_check(const LayerCheckOptions& options);
+
+}  // namespace moeblaze
