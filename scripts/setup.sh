@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what moeblaze needs (Debian/Ubuntu packages) when missing, then configures and
+# builds into build/. The CUDA 13 toolkit (headers, NVRTC) must already be installed.
+# Environment: MOEBLAZE_BUILD_DIR (default build), MOEBLAZE_JOBS (default: all cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${MOEBLAZE_BUILD_DIR:-build}
+JOBS=${MOEBLAZE_JOBS:-$(nproc)}
+
+need=()
+have_pkg() { dpkg -s "$1" >/dev/null 2>&1; }
+for p in cmake g++ make libfmt-dev libcli11-dev doctest-dev libsqlite3-dev; do
+  have_pkg "$p" || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing ${need[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+CUDA_ROOT=${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}
+if [ ! -f "$CUDA_ROOT/include/cuda_bf16.h" ]; then
+  echo "setup: the CUDA 13 toolkit was not found at $CUDA_ROOT (set CUDA_HOME)" >&2
+  exit 1
+fi
+export PATH="$CUDA_ROOT/bin:$PATH"
+
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCUDAToolkit_ROOT="$CUDA_ROOT" >/dev/null
+cmake --build "$BUILD_DIR" -j "$JOBS"

@@ -1,0 +1,172 @@
+// Generator and NVRTC pipeline tests (no GPU): every kernel of every suite shape compiles
+// for sm_90a without spills; each template header compiles on its own; presets agree with
+// shared/suite.json; names and legality rules.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "embedded_templates.hpp"
+#include "errors.hpp"
+#include "generator/kernel_spec.hpp"
+#include "kernel_set.hpp"
+#include "nvrtc_compiler.hpp"
+#include "tuner/heuristics.hpp"
+
+using namespace moeblaze;
+
+namespace {
+
+void check_compiled_without_spills(const std::vector<BuiltKernel>& built) {
+  for (const auto& b : built) {
+    INFO(b.compiled.kernel_name);
+    CHECK(!b.compiled.cubin.empty());
+    CHECK(b.compiled.resources.registers > 0);
+    CHECK(b.compiled.resources.spill_store_bytes == 0);
+    CHECK(b.compiled.resources.spill_load_bytes == 0);
+    CHECK(b.compiled.resources.stack_bytes == 0);
+    CHECK(b.compiled.resources.registers <= 255);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("generator: every kernel of every suite shape compiles for sm_90a without spills") {
+  for (const Preset& p : presets()) {
+    if (!p.in_suite) continue;
+    SUBCASE(p.name.c_str()) {
+      const auto specs = layer_kernel_specs(p.layer, "sm_90a");
+      CHECK(specs.size() == all_families().size());  // suite shapes use the built-in router
+      check_compiled_without_spills(compile_all(specs));
+    }
+  }
+}
+
+TEST_CASE("generator: every activation and router variant compiles (caller routing, both routers)") {
+  for (Activation act : {Activation::swiglu, Activation::geglu, Activation::silu, Activation::gelu, Activation::relu}) {
+    for (RouterKind r : {RouterKind::none, RouterKind::softmax_topk, RouterKind::sigmoid_topk}) {
+      LayerConfig l;
+      l.shape = {60, 6, 200, 136};  // E not a multiple of 8, d and n not multiples of 64
+      l.activation = act;
+      l.router = r;
+      l.renormalize = r == RouterKind::sigmoid_topk;
+      const std::string name = fmt::format("{} / {}", to_string(act), to_string(r));
+      SUBCASE(name.c_str()) {
+        auto specs = layer_kernel_specs(l, "sm_90a");
+        // Only the kernels that depend on the activation or the router: the rest are
+        // covered by the suite test.
+        std::vector<KernelSpec> picked;
+        for (const auto& s : specs)
+          if (s.family == KernelFamily::up_proj || s.family == KernelFamily::down_dgrad ||
+              s.family == KernelFamily::router_topk || s.family == KernelFamily::router_backward ||
+              (act == Activation::swiglu && r == RouterKind::softmax_topk))
+            picked.push_back(s);
+        check_compiled_without_spills(compile_all(picked));
+      }
+    }
+  }
+}
+
+TEST_CASE("generator: each template header compiles on its own under NVRTC") {
+  for (const auto& t : embedded_templates()) {
+    SUBCASE(t.name) {
+      KernelSource src;
+      src.kernel_name = "header_alone";
+      src.file_name = std::string("header_alone_") + t.name;
+      src.text = fmt::format("#include \"{}\"\nextern \"C\" __global__ void header_alone() {{}}\n", t.name);
+      const CompiledKernel k = compile_kernel(src, CompileOptions{});
+      CHECK(!k.cubin.empty());
+    }
+  }
+}
+
+TEST_CASE("generator: an NVRTC failure carries the log, options, source and kernel name") {
+  KernelSource src{"broken_kernel", "broken_kernel.cu", "extern \"C\" __global__ void broken_kernel() { undefined_thing(); }\n"};
+  try {
+    compile_kernel(src, CompileOptions{});
+    FAIL("compile should have thrown");
+  } catch (const CompileError& e) {
+    CHECK(e.kernel_name == "broken_kernel");
+    CHECK(e.log.find("undefined_thing") != std::string::npos);
+    CHECK(e.source == src.text);
+    CHECK(!e.options.empty());
+    CHECK(std::string(e.what()).find("--gpu-architecture=sm_90a") != std::string::npos);
+  }
+}
+
+TEST_CASE("generator: kernel names are unique per family and tile and name the shape") {
+  const LayerConfig l = find_preset("qwen3-30b-a3b").layer;
+  const auto specs = layer_kernel_specs(l, "sm_90a");
+  std::set<std::string> names;
+  for (const auto& s : specs) {
+    CHECK(names.insert(s.name()).second);
+    CHECK(s.name().find("E128_K8_d2048_n768") != std::string::npos);
+    const GeneratedKernel g = generate(s);
+    CHECK(g.source.text.find("extern \"C\" __global__") != std::string::npos);
+    CHECK(g.source.text.find(s.name()) != std::string::npos);
+    CHECK(g.threads > 0);
+  }
+}
+
+TEST_CASE("generator: legality rules reject impossible tiles with a reason") {
+  const LayerConfig l = find_preset("qwen3-30b-a3b").layer;
+  KernelSpec s{KernelFamily::down_proj, l, default_tile(KernelFamily::down_proj, l, "sm_90a"), "sm_90a"};
+  CHECK(legality_problem(s).empty());
+  s.tile.bk = 32;
+  CHECK(!legality_problem(s).empty());
+  s.tile = default_tile(KernelFamily::down_proj, l, "sm_90a");
+  s.tile.stages = 8;  // 8 * 32 KiB > 227 KiB
+  CHECK(legality_problem(s).find("shared memory") != std::string::npos);
+  CHECK_THROWS_AS(generate(s), InvalidArgument);
+  s.tile = {256, 256, 64, 2, 2, 2};
+  CHECK(legality_problem(s).find("accumulator") != std::string::npos);
+}
+
+TEST_CASE("generator: resource report parsing") {
+  const std::string log =
+      "ptxas info    : Compiling entry function 'k' for 'sm_90a'\n"
+      "ptxas info    : Function properties for k\n"
+      "    24 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"
+      "ptxas info    : Used 168 registers, used 1 barriers, 2560 bytes smem, 400 bytes cmem[0]\n";
+  const ResourceReport r = parse_resource_report(log, "k");
+  CHECK(r.registers == 168);
+  CHECK(r.stack_bytes == 24);
+  CHECK(r.spill_store_bytes == 8);
+  CHECK(r.spill_load_bytes == 12);
+  CHECK(r.static_smem_bytes == 2560);
+  CHECK(r.has_spills());
+}
+
+TEST_CASE("generator: presets agree with shared/suite.json") {
+  std::ifstream f(std::string(MOEBLAZE_SOURCE_DIR) + "/../shared/suite.json");
+  if (!f) {
+    MESSAGE("shared/suite.json not beside the checkout; skipped");
+    return;
+  }
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string text = ss.str();
+  const std::regex row(R"re(\{"name":\s*"([^"]+)",\s*"E":\s*(\d+),\s*"K":\s*(\d+),\s*"d":\s*(\d+),\s*"n":\s*(\d+),\s*"T":\s*(\d+)\})re");
+  int seen = 0;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), row); it != std::sregex_iterator(); ++it) {
+    const auto& m = *it;
+    const Preset& p = find_preset(m[1]);
+    CHECK(p.in_suite);
+    CHECK(p.layer.shape.experts == std::stoi(m[2]));
+    CHECK(p.layer.shape.topk == std::stoi(m[3]));
+    CHECK(p.layer.shape.hidden == std::stoi(m[4]));
+    CHECK(p.layer.shape.ffn == std::stoi(m[5]));
+    CHECK(p.tokens == std::stoll(m[6]));
+    ++seen;
+  }
+  CHECK(seen == 6);
+}
+
+TEST_CASE("generator: the template hash changes with the templates and is stable") {
+  CHECK(templates_hash() == templates_hash());
+  CHECK(fnv1a64("a") != fnv1a64("b"));
+  CHECK(embedded_templates().size() >= 8);
+}

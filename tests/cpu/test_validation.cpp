@@ -1,0 +1,201 @@
+// Bad input (no GPU): shapes that do not fit and forward/backward arguments that do not
+// match get InvalidArgument naming the argument, before anything touches a device.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "errors.hpp"
+#include "generator/layer_config.hpp"
+#include "moe_layer.hpp"
+
+using namespace moeblaze;
+
+namespace {
+
+// Checks that `fn` throws InvalidArgument for `argument`, with a message that has `words`.
+template <class F>
+void expect_invalid(F&& fn, const std::string& argument, const std::string& words = "") {
+  try {
+    fn();
+    FAIL("expected InvalidArgument for " << argument);
+  } catch (const InvalidArgument& e) {
+    CHECK(e.argument == argument);
+    if (!words.empty()) CHECK_MESSAGE(std::string(e.what()).find(words) != std::string::npos, std::string(e.what()));
+  }
+}
+
+LayerConfig layer(int E, int K, int d, int n) {
+  LayerConfig l;
+  l.shape = {E, K, d, n};
+  return l;
+}
+
+constexpr int kDgradBn = 128;
+constexpr CUdeviceptr kFakeBase = 0x7f0000000000ull;  // never dereferenced: checks read no memory
+
+// A well-formed forward call for the caller-routing layer E=8 K=2 d=64 n=32, T tokens.
+ForwardArgs good_forward(const LayerConfig& l, int64_t T) {
+  const int E = l.shape.experts, K = l.shape.topk, d = l.shape.hidden, n = l.shape.ffn;
+  CUdeviceptr p = kFakeBase;
+  auto next = [&](size_t bytes) {
+    const CUdeviceptr r = p;
+    p += (bytes + 255) / 256 * 256;
+    return r;
+  };
+  ForwardArgs a;
+  a.x = {next(T * d * 2), DType::bf16, {T, d}};
+  a.topk_ids = {next(T * K * 4), DType::i32, {T, K}};
+  a.topk_weights = {next(T * K * 4), DType::f32, {T, K}};
+  a.w1 = {next(size_t(E) * n * d * 2), DType::bf16, {E, n, d}};
+  a.w3 = {next(size_t(E) * n * d * 2), DType::bf16, {E, n, d}};
+  a.w2 = {next(size_t(E) * d * n * 2), DType::bf16, {E, d, n}};
+  a.y = {next(T * d * 2), DType::bf16, {T, d}};
+  const MemoryPlan plan = plan_memory(l, T, a.mode, kDgradBn);
+  a.saved = next(plan.saved_bytes);
+  a.saved_bytes = plan.saved_bytes;
+  a.scratch = next(plan.forward_scratch_bytes);
+  a.scratch_bytes = plan.forward_scratch_bytes;
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("validation: shapes that do not fit name the field") {
+  expect_invalid([] { layer(0, 1, 64, 64).validate(); }, "experts", "E = 0");
+  expect_invalid([] { layer(513, 1, 64, 64).validate(); }, "experts");
+  expect_invalid([] { layer(4, 8, 64, 64).validate(); }, "topk", "larger than E");
+  expect_invalid([] { layer(64, 17, 64, 64).validate(); }, "topk");
+  expect_invalid([] { layer(64, 0, 64, 64).validate(); }, "topk");
+  expect_invalid([] { layer(8, 2, 100, 64).validate(); }, "hidden", "multiple of 8");
+  expect_invalid([] { layer(8, 2, 64, 36).validate(); }, "ffn", "multiple of 8");
+  expect_invalid([] { layer(8, 2, 0, 64).validate(); }, "hidden");
+  CHECK_NOTHROW(layer(1, 1, 8, 8).validate());
+  CHECK_NOTHROW(layer(512, 16, 7168, 2048).validate());
+  expect_invalid([] { find_preset("no-such-model"); }, "preset", "qwen3-30b-a3b");
+  expect_invalid([] { parse_activation("swish"); }, "activation");
+  expect_invalid([] { parse_router("top1"); }, "router");
+  expect_invalid([] { parse_checkpoint_mode("save_all"); }, "mode");
+}
+
+TEST_CASE("validation: forward arguments") {
+  const LayerConfig l = layer(8, 2, 64, 32);
+  const int64_t T = 100;
+  CHECK_NOTHROW(validate_forward_args(l, kDgradBn, good_forward(l, T)));
+
+  SUBCASE("T = 0") {
+    auto a = good_forward(l, T);
+    a.x.shape = {0, 64};
+    expect_invalid([&] { validate_forward_args(l, kDgradBn, a); }, "x", "at least 1");
+  }
+  SUBCASE("mismatched sizes") {
+    auto a = good_forward(l, T);
+    a.topk_ids.shape = {T, 3};
+    expect_invalid([&] { validate_forward_args(l, kDgradBn, a); }, "topk_ids", "expected [100,2]");
+    a = good_forward(l, T);
+    a.w2.shape = {8, 32, 64};  // transposed
+    expect_invalid([&] { validate_forward_args(l, kDgradBn, a); }, "w2", "expected [8,64,32]");
+    a = good_forward(l, T);
+    a.y.shape = {T - 1, 64};
+    expect_invalid([&] { validate_forward_args(l, kDgradBn, a); }, "y");
+  }
+  SUBCASE("null and misaligned pointers, wrong dtype") {
+    auto a = good_forward(l, T);
+    a.w1.ptr = 0;
+    expect_invalid([&] { validate_forward_args(l, kDgradBn, a); }, "w1", "missing");
+    a = good_forward(l, T);
+    a.x.ptr += 2;
+    expect_invalid([&] { validate_forward_args(l, kDgradBn, a); }, "x", "16-byte aligned");
+    a = good_forward(l, T);
+    a.topk_weights.dtype = DType::bf16;
+    expect_invalid([&] { validate_forward_args(l, kDgradBn, a); }, "topk_weights", "dtype");
+  }
+  SUBCASE("buffers from the memory plan") {
+    auto a = good_forward(l, T);
+    a.saved_bytes -= 1;
+    expect_invalid([&] { validate_forward_args(l, kDgradBn, a); }, "saved", "are needed");
+    a = good_forward(l, T);
+    a.scratch = 0;
+    expect_invalid([&] { validate_forward_args(l, kDgradBn, a); }, "scratch", "missing");
+  }
+  SUBCASE("router arguments") {
+    auto a = good_forward(l, T);
+    a.w_router = {a.x.ptr, DType::bf16, {8, 64}};
+    expect_invalid([&] { validate_forward_args(l, kDgradBn, a); }, "w_router", "no built-in router");
+    LayerConfig r = l;
+    r.router = RouterKind::softmax_topk;
+    a = good_forward(l, T);
+    expect_invalid([&] { validate_forward_args(r, kDgradBn, a); }, "w_router", "missing");
+  }
+  SUBCASE("plain activation takes no w3") {
+    LayerConfig p = l;
+    p.activation = Activation::silu;
+    auto a = good_forward(l, T);
+    expect_invalid([&] { validate_forward_args(p, kDgradBn, a); }, "w3");
+  }
+}
+
+TEST_CASE("validation: memory plan sizes follow the checkpoint mode") {
+  const LayerConfig l = layer(128, 8, 2048, 768);
+  const int64_t T = 32768;
+  const MemoryPlan s = plan_memory(l, T, CheckpointMode::save_h, kDgradBn);
+  const MemoryPlan r = plan_memory(l, T, CheckpointMode::recompute, kDgradBn);
+  CHECK(s.h_floor_bytes == size_t(T) * 8 * 2 * 768 * 2);
+  CHECK(s.saved_bytes >= s.h_floor_bytes);
+  CHECK(s.saved_bytes <= s.h_floor_bytes * 11 / 10);   // issue target: 1.1x the H floor
+  CHECK(r.saved_bytes == r.index_bytes);                 // recompute keeps the index arrays only
+  CHECK(r.index_bytes < size_t(T) * 8 * 4 * 3 + 64 * 1024);
+  CHECK(r.backward_scratch_bytes > s.backward_scratch_bytes);  // H recomputed into scratch
+  CHECK_THROWS_AS(plan_memory(l, 0, CheckpointMode::save_h, kDgradBn), InvalidArgument);
+  CHECK_THROWS_AS(plan_memory(l, int64_t(1) << 29, CheckpointMode::save_h, kDgradBn), InvalidArgument);
+}
+
+TEST_CASE("validation: backward arguments and forward state") {
+  const LayerConfig l = layer(8, 2, 64, 32);
+  const int64_t T = 100;
+  const ForwardArgs fa = good_forward(l, T);
+  ForwardState st;
+  st.layer = l;
+  st.tokens = T;
+  st.saved = fa.saved;
+  st.saved_bytes = fa.saved_bytes;
+  st.complete = true;
+  BackwardArgs b;
+  b.dy = fa.y;
+  b.x = fa.x;
+  b.topk_weights = fa.topk_weights;
+  b.w1 = fa.w1;
+  b.w3 = fa.w3;
+  b.w2 = fa.w2;
+  b.dx = fa.y;
+  b.dw1 = fa.w1;
+  b.dw3 = fa.w3;
+  b.dw2 = fa.w2;
+  b.d_topk_weights = fa.topk_weights;
+  const MemoryPlan plan = plan_memory(l, T, CheckpointMode::save_h, kDgradBn);
+  b.scratch = fa.scratch;
+  b.scratch_bytes = plan.backward_scratch_bytes;
+  CHECK_NOTHROW(validate_backward_args(l, kDgradBn, st, b));
+
+  SUBCASE("no forward") {
+    ForwardState empty;
+    expect_invalid([&] { validate_backward_args(l, kDgradBn, empty, b); }, "state", "no forward");
+  }
+  SUBCASE("state from another shape") {
+    ForwardState other = st;
+    other.layer = layer(8, 2, 64, 64);
+    expect_invalid([&] { validate_backward_args(l, kDgradBn, other, b); }, "state", "another shape");
+  }
+  SUBCASE("gradient of the wrong size") {
+    BackwardArgs bad = b;
+    bad.dy.shape = {T, 32};
+    expect_invalid([&] { validate_backward_args(l, kDgradBn, st, bad); }, "dy");
+    bad = b;
+    bad.dx.shape = {T + 1, 64};
+    expect_invalid([&] { validate_backward_args(l, kDgradBn, st, bad); }, "dx");
+  }
+  SUBCASE("weight gradient dtypes must agree") {
+    BackwardArgs bad = b;
+    bad.dw2.dtype = DType::f32;
+    expect_invalid([&] { validate_backward_args(l, kDgradBn, st, bad); }, "dw2", "same dtype");
+  }
+}
