@@ -568,7 +568,7 @@ TEST_CASE("reference: blocked kernels match plain loops on uneven medium shapes"
   CHECK(rel(ref::router_dx_rows(dl.data(), p.wr.data(), p.E, p.d, all_tokens(p.T)), dxr) < 1e-13);
 }
 
-TEST_CASE("reference: expert functions reject bad input") {
+TEST_CASE("reference: expert functions reject bad input and accept empty requests") {
   Problem p = make_problem(1, 4, 4, 2, 8, 8, Activation::swiglu);
   auto w = p.weights();
   const auto tokens = all_tokens(p.T);
@@ -579,6 +579,13 @@ TEST_CASE("reference: expert functions reject bad input") {
                   std::invalid_argument);
   p.ids[5] = 1;
   CHECK_THROWS_AS(ref::slot_forward(w, p.x.data(), 4), std::invalid_argument);
+  // Empty requests: an expert with no slots has zero (not missing) gradients.
+  p.ids = {0, 1, 1, 2, 2, 0, 0, 1};  // expert 3 unused
+  const auto none = ref::expert_weight_grads(w, p.x.data(), p.dy.data(), p.ids.data(), p.gates.data(), p.T, p.K, 3);
+  CHECK(none.dw1 == std::vector<double>(size_t(p.n) * p.d, 0.0));
+  CHECK(none.dw3 == std::vector<double>(size_t(p.n) * p.d, 0.0));
+  CHECK(none.dw2 == std::vector<double>(size_t(p.d) * p.n, 0.0));
+  CHECK(ref::forward_rows(w, p.x.data(), p.ids.data(), p.gates.data(), p.K, {}).empty());
   w.w3 = nullptr;  // gated activation without W3
   CHECK(thrown_message([&] { ref::forward_rows(w, p.x.data(), p.ids.data(), p.gates.data(), p.K, tokens); })
             .find("w3") != std::string::npos);
