@@ -96,6 +96,14 @@ ExpertGrads expert_weight_grads(const ExpertWeights& w, const bf16* x, const bf1
                                 const int32_t* ids, const double* gates, int64_t T, int K,
                                 int expert);
 
+// The same gradients restricted to FFN indices `rows` (i in [0,n)): rows i of dW1 and dW3
+// and columns i of dW2, returned compactly as dw1/dw3 [rows.size()*d] and dw2
+// [d*rows.size()] (dw2[c*rows.size() + r] is dW2[c, rows[r]]). Costs about 5*d multiply-adds
+// per slot and row instead of a whole expert's backward, so large experts can be checked.
+ExpertGrads expert_weight_grad_rows(const ExpertWeights& w, const bf16* x, const bf16* dy,
+                                    const int32_t* ids, const double* gates, int64_t T, int K,
+                                    int expert, const std::vector<int>& rows);
+
 // Router-part gradients: dx_router rows for the listed tokens ([tokens.size()*d]) and the
 // full dW_r [E*d], from d logits [T*E].
 std::vector<double> router_dx_rows(const double* dlogits, const bf16* w_router, int E, int d,
