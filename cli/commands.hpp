@@ -40,5 +40,10 @@ Command presets_command();
 Command generate_command();
 Command forward_check_command();
 Command grad_check_command();
+Command tune_command();
+Command regress_command();
+Command bench_command();
+Command plan_command();
+Command cache_command();
 
 }  // namespace moeblaze::cli

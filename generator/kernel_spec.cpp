@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstdio>
+
 #include "errors.hpp"
 
 namespace moeblaze {
@@ -115,6 +117,23 @@ int stacked_b_tiles(KernelFamily f, Activation act) {
 
 std::string TileConfig::to_string() const {
   return fmt::format("{}x{}x{}_w{}x{}_s{}", bm, bn, bk, warps_m, warps_n, stages);
+}
+
+TileConfig TileConfig::parse(const std::string& s) {
+  TileConfig t;
+  char tail = 0;
+  if (std::sscanf(s.c_str(), "%dx%dx%d_w%dx%d_s%d%c", &t.bm, &t.bn, &t.bk, &t.warps_m, &t.warps_n, &t.stages, &tail) != 6)
+    throw InvalidArgument("tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS (e.g. 128x128x64_w2x4_s4)", s));
+  return t;
+}
+
+KernelFamily parse_family(const std::string& s) {
+  std::string names;
+  for (const auto& i : kFamilies) {
+    if (s == i.name) return i.family;
+    names += std::string(names.empty() ? "" : ", ") + i.name;
+  }
+  throw InvalidArgument("family", fmt::format("'{}' is not a kernel family ({})", s, names));
 }
 
 std::string KernelSpec::name() const {

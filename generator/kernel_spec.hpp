@@ -30,6 +30,8 @@ enum class KernelFamily {
 };
 
 std::string to_string(KernelFamily f);
+// Throws InvalidArgument("family", ...) listing the families.
+KernelFamily parse_family(const std::string& s);
 const std::vector<KernelFamily>& all_families();
 // Whether the family is a GEMM with a tunable tile configuration.
 bool is_tiled(KernelFamily f);
@@ -44,6 +46,8 @@ struct TileConfig {
   int threads() const { return 32 * warps_m * warps_n; }
   int smem_bytes(int nb) const { return stages * (bm * bk + nb * bn * bk) * 2; }
   std::string to_string() const;  // "128x128x64_w2x4_s3"
+  // Inverse of to_string; throws InvalidArgument("tile", ...) on a malformed string.
+  static TileConfig parse(const std::string& s);
   bool operator==(const TileConfig&) const = default;
 };
 

@@ -53,10 +53,27 @@ KernelSet KernelSet::compile(const LayerConfig& layer, const std::string& arch,
   return set;
 }
 
+KernelSet KernelSet::from_kernels(const LayerConfig& layer, std::vector<BuiltKernel> kernels) {
+  KernelSet set;
+  set.layer_ = layer;
+  set.kernels_ = std::move(kernels);
+  return set;
+}
+
+KernelSet KernelSet::with_kernel(BuiltKernel replacement) const {
+  KernelSet set = *this;
+  for (auto& k : set.kernels_)
+    if (k.generated.spec.family == replacement.generated.spec.family) {
+      k = std::move(replacement);
+      return set;
+    }
+  throw Error(fmt::format("kernel {} is not part of this layer", to_string(replacement.generated.spec.family)));
+}
+
 void KernelSet::load() {
   for (auto& k : kernels_)
     if (!k.loaded)
-      k.loaded = std::make_unique<LoadedModule>(k.compiled.cubin, k.compiled.kernel_name, k.generated.dynamic_smem);
+      k.loaded = std::make_shared<LoadedModule>(k.compiled.cubin, k.compiled.kernel_name, k.generated.dynamic_smem);
 }
 
 bool KernelSet::loaded() const {
@@ -71,16 +88,19 @@ const BuiltKernel& KernelSet::get(KernelFamily f) const {
   throw Error(fmt::format("kernel {} is not part of this layer ({})", to_string(f), layer_.describe()));
 }
 
-void KernelSet::launch_raw(KernelFamily f, long long grid, void* args, CUstream stream) const {
+void KernelSet::launch_raw(KernelFamily f, long long grid, void* args, CUstream stream,
+                           LaunchObserver* observer) const {
   if (grid <= 0) return;  // nothing to do (e.g. no tokens routed)
   const BuiltKernel& k = get(f);
   if (!k.loaded) throw Error(fmt::format("kernel {} launched before KernelSet::load()", k.compiled.kernel_name));
   if (grid > 0x7fffffffLL) throw Error(fmt::format("kernel {}: grid of {} blocks is too large", to_string(f), grid));
   void* params[] = {args};
+  if (observer) observer->before(f, stream);
   check_cuda(cuda_driver().cuLaunchKernel(k.loaded->function(), static_cast<unsigned>(grid), 1, 1,
                                           static_cast<unsigned>(k.generated.threads), 1, 1,
                                           static_cast<unsigned>(k.generated.dynamic_smem), stream, params, nullptr),
              k.compiled.kernel_name.c_str());
+  if (observer) observer->after(f, stream);
 }
 
 }  // namespace moeblaze

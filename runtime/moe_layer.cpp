@@ -256,11 +256,11 @@ ForwardState MoeLayer::forward(const ForwardArgs& a, CUstream stream) const {
     const TileConfig& lt = ks.get(KernelFamily::router_logits).generated.spec.tile;
     RouterGemmArgs g{reinterpret_cast<const void*>(a.x.ptr), reinterpret_cast<const void*>(a.w_router.ptr), nullptr,
                      T, dptr<void>(a.scratch, fs.logits), 0};
-    ks.launch(KernelFamily::router_logits, ceil_div(T, lt.bm) * ceil_div(E, lt.bn), g, stream);
+    ks.launch(KernelFamily::router_logits, ceil_div(T, lt.bm) * ceil_div(E, lt.bn), g, stream, a.observer);
     float* gate_buf = a.gates_out.present() ? dptr<float>(a.gates_out) : dptr<float>(a.scratch, fs.gates);
     RouterTopkArgs r{dptr<float>(a.scratch, fs.logits), a.router_bias.present() ? dptr<float>(a.router_bias) : nullptr,
                      l.route_scale, T, dptr<int>(a.saved, sl.tei), gate_buf};
-    ks.launch(KernelFamily::router_topk, ceil_div(T, kRouterWarpsPerBlock), r, stream);
+    ks.launch(KernelFamily::router_topk, ceil_div(T, kRouterWarpsPerBlock), r, stream, a.observer);
     ids = dptr<int>(a.saved, sl.tei);
     gates = gate_buf;
   } else {
@@ -282,9 +282,9 @@ ForwardState MoeLayer::forward(const ForwardArgs& a, CUstream stream) const {
                     dptr<int>(a.saved, sl.tile_prefix),
                     dptr<int>(a.saved, sl.counts),
                     dptr<int>(a.saved, sl.status)};
-  ks.launch(KernelFamily::index_count, fs.index_blocks, ib, stream);
-  ks.launch(KernelFamily::index_scan, 1, ib, stream);
-  ks.launch(KernelFamily::index_scatter, fs.index_blocks, ib, stream);
+  ks.launch(KernelFamily::index_count, fs.index_blocks, ib, stream, a.observer);
+  ks.launch(KernelFamily::index_scan, 1, ib, stream, a.observer);
+  ks.launch(KernelFamily::index_scatter, fs.index_blocks, ib, stream, a.observer);
   if (a.check_routing) {
     const RoutingStatus s = routing_status(st, stream);
     if (s == routing_id_out_of_range) throw InvalidArgument("topk_ids", fmt::format("an id is outside [0, {})", E));
@@ -301,14 +301,14 @@ ForwardState MoeLayer::forward(const ForwardArgs& a, CUstream stream) const {
                 reinterpret_cast<const void*>(a.w3.ptr),
                 st.H ? reinterpret_cast<void*>(st.H) : nullptr,
                 dptr<void>(a.scratch, fs.h)};
-  ks.launch(KernelFamily::up_proj, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream);
+  ks.launch(KernelFamily::up_proj, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream, a.observer);
   // 4. Down-projection, then the gate-weighted token-major combine.
   const TileConfig& dt = ks.get(KernelFamily::down_proj).generated.spec.tile;
   DownProjArgs down{rv, dptr<void>(a.scratch, fs.h), reinterpret_cast<const void*>(a.w2.ptr),
                     dptr<void>(a.scratch, fs.o)};
-  ks.launch(KernelFamily::down_proj, slot_tile_blocks(TK, dt.bm, dt.bn, E, d), down, stream);
+  ks.launch(KernelFamily::down_proj, slot_tile_blocks(TK, dt.bm, dt.bn, E, d), down, stream, a.observer);
   CombineArgs comb{dptr<int>(a.saved, sl.tim), gates, dptr<void>(a.scratch, fs.o), T, dptr<void>(a.y)};
-  ks.launch(KernelFamily::combine, T, comb, stream);
+  ks.launch(KernelFamily::combine, T, comb, stream, a.observer);
   st.complete = true;
   return st;
 }
@@ -377,10 +377,10 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
   if (l.router != RouterKind::none) {
     const TileConfig& lt = ks.get(KernelFamily::router_logits).generated.spec.tile;
     RouterGemmArgs g{cptr(a.x), cptr(a.w_router), nullptr, T, dptr<void>(a.scratch, bs.logits), 0};
-    ks.launch(KernelFamily::router_logits, ceil_div(T, lt.bm) * ceil_div(E, lt.bn), g, stream);
+    ks.launch(KernelFamily::router_logits, ceil_div(T, lt.bm) * ceil_div(E, lt.bn), g, stream, a.observer);
     RouterTopkArgs r{dptr<float>(a.scratch, bs.logits), a.router_bias.present() ? dptr<float>(a.router_bias) : nullptr,
                      l.route_scale, T, dptr<int>(a.scratch, bs.ids), dptr<float>(a.scratch, bs.gates)};
-    ks.launch(KernelFamily::router_topk, ceil_div(T, kRouterWarpsPerBlock), r, stream);
+    ks.launch(KernelFamily::router_topk, ceil_div(T, kRouterWarpsPerBlock), r, stream, a.observer);
     gates = dptr<float>(a.scratch, bs.gates);
     d_gates = a.d_topk_weights.present() ? dptr<float>(a.d_topk_weights) : dptr<float>(a.scratch, bs.d_gates);
   } else {
@@ -400,7 +400,7 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
   if (s.mode == CheckpointMode::recompute) {
     const TileConfig& ut = ks.get(KernelFamily::up_proj).generated.spec.tile;
     UpProjArgs up{rv, cptr(a.x), cptr(a.w1), cptr(a.w3), dptr<void>(a.scratch, bs.H), nullptr};
-    ks.launch(KernelFamily::up_proj, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream);
+    ks.launch(KernelFamily::up_proj, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream, a.observer);
     H = dptr<void>(a.scratch, bs.H);
   }
   // 2. Down dgrad with the activation backward and the gate-gradient partials.
@@ -411,34 +411,34 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
                    dptr<void>(a.scratch, bs.dH),
                    dptr<void>(a.scratch, bs.hg),
                    dptr<float>(a.scratch, bs.partials)};
-  ks.launch(KernelFamily::down_dgrad, slot_tile_blocks(TK, dg.bm, dg.bn, E, n), dd, stream);
+  ks.launch(KernelFamily::down_dgrad, slot_tile_blocks(TK, dg.bm, dg.bn, E, n), dd, stream, a.observer);
   GateGradArgs gg{rv.token_index_map, dptr<float>(a.scratch, bs.partials), TK, d_gates};
-  ks.launch(KernelFamily::gate_grad, ceil_div(TK, 256), gg, stream);
+  ks.launch(KernelFamily::gate_grad, ceil_div(TK, 256), gg, stream, a.observer);
   // 3. Weight gradients.
   const TileConfig& wt2 = ks.get(KernelFamily::down_wgrad).generated.spec.tile;
   WgradArgs w2{rv, cptr(a.dy), dptr<void>(a.scratch, bs.hg), dptr<void>(a.dw2), nullptr, accumulate};
-  ks.launch(KernelFamily::down_wgrad, E * ceil_div(d, wt2.bm) * ceil_div(n, wt2.bn), w2, stream);
+  ks.launch(KernelFamily::down_wgrad, E * ceil_div(d, wt2.bm) * ceil_div(n, wt2.bn), w2, stream, a.observer);
   const TileConfig& wt1 = ks.get(KernelFamily::up_wgrad).generated.spec.tile;
   WgradArgs w1{rv, dptr<void>(a.scratch, bs.dH), cptr(a.x), dptr<void>(a.dw1), dptr<void>(a.dw3), accumulate};
-  ks.launch(KernelFamily::up_wgrad, E * ceil_div(G * n, wt1.bm) * ceil_div(d, wt1.bn), w1, stream);
+  ks.launch(KernelFamily::up_wgrad, E * ceil_div(G * n, wt1.bm) * ceil_div(d, wt1.bn), w1, stream, a.observer);
   // 4. Token gradient: per-slot dx, then the fixed-order sum over each token's K slots.
   const TileConfig& ud = ks.get(KernelFamily::up_dgrad).generated.spec.tile;
   UpDgradArgs udg{rv, dptr<void>(a.scratch, bs.dH), cptr(a.w1), cptr(a.w3), dptr<void>(a.scratch, bs.dxs)};
-  ks.launch(KernelFamily::up_dgrad, slot_tile_blocks(TK, ud.bm, ud.bn, E, d), udg, stream);
+  ks.launch(KernelFamily::up_dgrad, slot_tile_blocks(TK, ud.bm, ud.bn, E, d), udg, stream, a.observer);
   CombineArgs sum{rv.token_index_map, nullptr, dptr<void>(a.scratch, bs.dxs), T, dptr<void>(a.dx)};
-  ks.launch(KernelFamily::combine, T, sum, stream);
+  ks.launch(KernelFamily::combine, T, sum, stream, a.observer);
   // 5. Router backward: d logits, then dx += d logits W_r and dW_r.
   if (l.router != RouterKind::none) {
     RouterBackwardArgs rb{dptr<float>(a.scratch, bs.logits), dptr<int>(a.scratch, bs.ids), d_gates, l.route_scale, T,
                           dptr<void>(a.scratch, bs.d_logits)};
-    ks.launch(KernelFamily::router_backward, ceil_div(T, kRouterWarpsPerBlock), rb, stream);
+    ks.launch(KernelFamily::router_backward, ceil_div(T, kRouterWarpsPerBlock), rb, stream, a.observer);
     const TileConfig& rd = ks.get(KernelFamily::router_dgrad).generated.spec.tile;
     RouterGemmArgs rdg{nullptr, cptr(a.w_router), dptr<void>(a.scratch, bs.d_logits), T, dptr<void>(a.dx), 0};
-    ks.launch(KernelFamily::router_dgrad, ceil_div(T, rd.bm) * ceil_div(d, rd.bn), rdg, stream);
+    ks.launch(KernelFamily::router_dgrad, ceil_div(T, rd.bm) * ceil_div(d, rd.bn), rdg, stream, a.observer);
     const TileConfig& rw = ks.get(KernelFamily::router_wgrad).generated.spec.tile;
     RouterGemmArgs rwg{cptr(a.x), nullptr, dptr<void>(a.scratch, bs.d_logits), T, dptr<void>(a.dw_router),
                        a.dw_router.dtype == DType::f32 ? 1 : 0};
-    ks.launch(KernelFamily::router_wgrad, ceil_div(padded_experts(E), rw.bm) * ceil_div(d, rw.bn), rwg, stream);
+    ks.launch(KernelFamily::router_wgrad, ceil_div(padded_experts(E), rw.bm) * ceil_div(d, rw.bn), rwg, stream, a.observer);
   }
 }
 

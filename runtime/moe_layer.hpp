@@ -58,6 +58,7 @@ struct ForwardArgs {
   // Synchronise after the index build and throw InvalidArgument("topk_ids") if an id is
   // outside [0,E) or repeated within a token. Off by default: it is a host sync.
   bool check_routing = false;
+  LaunchObserver* observer = nullptr;  // optional: sees every launch (timing)
 };
 
 // What forward leaves for backward. Plain value; refers to the caller's saved buffer.
@@ -86,6 +87,7 @@ struct BackwardArgs {
   TensorRef dw_router;       // [E,d] bf16 or f32 (built-in router)
   CUdeviceptr scratch = 0;   // memory_plan().backward_scratch_bytes
   size_t scratch_bytes = 0;
+  LaunchObserver* observer = nullptr;  // optional: sees every launch (timing)
 };
 
 // The memory a call needs; dgrad_bn is the N tile of the down-dgrad kernel (its gate

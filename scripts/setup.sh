@@ -9,7 +9,7 @@ JOBS=${MOEBLAZE_JOBS:-$(nproc)}
 
 need=()
 have_pkg() { dpkg -s "$1" >/dev/null 2>&1; }
-for p in cmake g++ make libfmt-dev libcli11-dev doctest-dev libsqlite3-dev; do
+for p in cmake g++ make libfmt-dev libcli11-dev doctest-dev libsqlite3-dev nlohmann-json3-dev; do
   have_pkg "$p" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -1,0 +1,202 @@
+// `moeblaze tune` and `moeblaze regress`.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cache/kernel_cache.hpp"
+#include "cli/commands.hpp"
+#include "cuda_driver.hpp"
+#include "tuner/measure.hpp"
+#include "tuner/tuner.hpp"
+
+namespace moeblaze::cli {
+namespace {
+
+// Progress on a terminal: transient lines overwrite each other; plain lines otherwise.
+std::function<void(const std::string&, bool)> progress_printer(bool quiet) {
+  const bool tty = isatty(fileno(stderr));
+  return [tty, quiet](const std::string& line, bool transient) {
+    if (quiet) return;
+    if (tty) {
+      fmt::print(stderr, "\r\033[K{}{}", line, transient ? "" : "\n");
+      std::fflush(stderr);
+    } else if (!transient) {
+      fmt::print(stderr, "{}\n", line);
+    }
+  };
+}
+
+std::map<KernelFamily, TileConfig> parse_forces(const std::vector<std::string>& forces) {
+  std::map<KernelFamily, TileConfig> out;
+  for (const auto& f : forces) {
+    const auto eq = f.find('=');
+    if (eq == std::string::npos) throw InvalidArgument("--force", fmt::format("'{}' is not FAMILY=TILE", f));
+    out[parse_family(f.substr(0, eq))] = TileConfig::parse(f.substr(eq + 1));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string cache_path_option(const std::string& db) { return db.empty() ? KernelCache::default_path() : db; }
+
+void print_notices(const KernelCache& cache) {
+  for (const auto& n : cache.notices()) fmt::print(stderr, "note: {}\n", n);
+}
+
+Command tune_command() {
+  struct State {
+    CLI::App* app = nullptr;
+    ShapeOptions shape;
+    std::vector<long long> tokens;
+    std::string db, routing = "router", baseline_out;
+    double budget = 300;
+    int samples = 10, candidates = 12;
+    bool json = false, quiet = false;
+  };
+  auto st = std::make_shared<State>();
+  Command c;
+  c.add = [st](CLI::App& root) {
+    st->app = root.add_subcommand("tune", "tune the layer's kernels for a shape into the cache (compile-only without a GPU)");
+    st->shape.add(st->app, false);
+    st->app->add_option("--tokens,-T", st->tokens, "token counts to tune for (default: the preset's T); each is bucketed to a power of two");
+    st->app->add_option("--db", st->db, "cache file (default: $MOEBLAZE_CACHE or ~/.cache/moeblaze/kernels.db)");
+    st->app->add_option("--budget", st->budget, "seconds of tuning after which remaining families keep the default")->capture_default_str();
+    st->app->add_option("--routing", st->routing, "router | random | balanced | skewed")->capture_default_str();
+    st->app->add_option("--samples", st->samples, "timed samples per candidate (>= 10)")->capture_default_str();
+    st->app->add_option("--candidates", st->candidates, "candidates per kernel family")->capture_default_str();
+    st->app->add_option("--baseline-out", st->baseline_out, "write the tuned kernels' timings as a regress baseline (JSON)");
+    st->app->add_flag("--json", st->json, "machine-readable report on stdout");
+    st->app->add_flag("--quiet", st->quiet, "no progress lines");
+  };
+  c.selected = [st] { return st->app->parsed(); };
+  c.run = [st] {
+    TuneOptions o;
+    o.layer = st->shape.layer();
+    if (st->tokens.empty()) o.tokens = {st->shape.token_count(0)};
+    for (long long t : st->tokens) {
+      if (t <= 0) throw InvalidArgument("--tokens", fmt::format("T = {} must be positive", t));
+      o.tokens.push_back(t);
+    }
+    if (st->budget <= 0) throw InvalidArgument("--budget", "must be positive");
+    if (st->samples < 10) throw InvalidArgument("--samples", "at least 10 (the median of fewer is noise)");
+    o.routing = st->routing;
+    o.budget_s = st->budget;
+    o.samples = st->samples;
+    o.candidates_per_family = st->candidates;
+    o.progress = progress_printer(st->quiet || st->json);
+    KernelCache cache(cache_path_option(st->db));
+    print_notices(cache);
+    const TuneReport r = tune_layer(o, cache);
+    if (st->json) {
+      nlohmann::json j{{"layer", r.layer},       {"device", r.device},       {"policy", r.policy},
+                       {"timed", r.timed},        {"why_not_timed", r.why_not_timed},
+                       {"compiled", r.compiled},  {"from_cache", r.from_cache}, {"compile_failures", r.compile_failures},
+                       {"step_default_ms", r.step_default_ms}, {"step_tuned_ms", r.step_tuned_ms},
+                       {"seconds", r.seconds},    {"db", cache.path()}};
+      for (const auto& f : r.families)
+        j["families"].push_back({{"family", f.family}, {"bucket", f.token_bucket}, {"winner", f.winner},
+                                 {"winner_ms", f.winner_ms}, {"default", f.default_tile}, {"default_ms", f.default_ms},
+                                 {"candidates", f.candidates}, {"failures", f.failures}, {"note", f.note}});
+      fmt::print("{}\n", j.dump(2));
+    } else {
+      fmt::print("{} into {}\n", r.layer, cache.path());
+      fmt::print("compiled {} candidates ({} already cached), {} failed to compile\n", r.compiled, r.from_cache,
+                 r.compile_failures);
+      if (!r.timed) {
+        fmt::print("skipped timing: {}\n", r.why_not_timed);
+      } else {
+        for (const auto& f : r.families)
+          fmt::print("  {:<16} T~{:<6} {:<22} {:>9.3f} ms   default {:<22} {:>9.3f} ms  {}\n", f.family, f.token_bucket,
+                     f.winner.empty() ? "-" : f.winner, f.winner_ms, f.default_tile, f.default_ms, f.note);
+        fmt::print("step fwd+bwd: default {:.3f} ms, tuned {:.3f} ms ({:.2f}x); {:.0f} s on {}\n", r.step_default_ms,
+                   r.step_tuned_ms, r.step_tuned_ms > 0 ? r.step_default_ms / r.step_tuned_ms : 0.0, r.seconds, r.device);
+      }
+    }
+    if (!st->baseline_out.empty()) {
+      if (!r.timed) throw NoGpu("--baseline-out needs timings: " + r.why_not_timed);
+      Baseline b;
+      b.layer = o.layer;
+      b.tokens = o.tokens.back();
+      b.routing = o.routing;
+      // The baseline holds each kernel as a training step runs it (bench-style timing).
+      DeviceContext ctx(0);
+      KernelCache* cp = &cache;
+      BenchOptions bo;
+      bo.layer = o.layer;
+      bo.tokens = b.tokens;
+      bo.routing = o.routing;
+      const BenchResult br = bench_layer(bo, cp);
+      b.device = br.device;
+      for (const auto& k : br.kernels) b.kernels.push_back({k.family, k.tile, k.ms, k.spread});
+      write_baseline(b, st->baseline_out);
+      if (!st->json) fmt::print("baseline of {} kernels written to {}\n", b.kernels.size(), st->baseline_out);
+    }
+    return 0;
+  };
+  return c;
+}
+
+Command regress_command() {
+  struct State {
+    CLI::App* app = nullptr;
+    std::string baseline, db;
+    double tolerance = 10;
+    int samples = 20;
+    std::vector<std::string> force;
+    bool json = false;
+  };
+  auto st = std::make_shared<State>();
+  Command c;
+  c.add = [st](CLI::App& root) {
+    st->app = root.add_subcommand("regress", "re-time the kernels of a baseline; exit 1 naming every slower kernel");
+    st->app->add_option("--baseline", st->baseline, "baseline file written by `tune --baseline-out`")->required();
+    st->app->add_option("--tolerance", st->tolerance, "allowed slowdown in percent, beyond the measured noise")->capture_default_str();
+    st->app->add_option("--samples", st->samples, "timed steps (>= 10)")->capture_default_str();
+    st->app->add_option("--force", st->force, "FAMILY=TILE: run a family with another tile (to check that regress catches it)");
+    st->app->add_option("--db", st->db, "cache file (binaries are loaded from it)");
+    st->app->add_flag("--json", st->json, "machine-readable report");
+  };
+  c.selected = [st] { return st->app->parsed(); };
+  c.run = [st] {
+    const Baseline base = read_baseline(st->baseline);
+    if (st->tolerance < 0) throw InvalidArgument("--tolerance", "must not be negative");
+    if (st->samples < 10) throw InvalidArgument("--samples", "at least 10");
+    const auto force = parse_forces(st->force);
+    std::string why;
+    if (!gpu_available(&why)) {
+      fmt::print("regress: skipped, no GPU here ({}); baseline {} has {} kernels\n", why, st->baseline,
+                 base.kernels.size());
+      return 0;
+    }
+    DeviceContext ctx(0);
+    KernelCache cache(cache_path_option(st->db));
+    print_notices(cache);
+    const Baseline now = measure_kernels(base, st->samples, force, &cache);
+    const auto lines = compare_to_baseline(base, now, st->tolerance / 100.0);
+    int slower = 0;
+    nlohmann::json j;
+    for (const auto& l : lines) {
+      slower += l.slower;
+      if (st->json)
+        j["kernels"].push_back({{"family", l.family}, {"tile", l.tile}, {"baseline_ms", l.baseline_ms},
+                                {"now_ms", l.now_ms}, {"limit_ms", l.limit_ms}, {"slower", l.slower}});
+      else
+        fmt::print("  {:<16} {:<22} baseline {:>8.3f} ms  now {:>8.3f} ms  limit {:>8.3f} ms  {}\n", l.family, l.tile,
+                   l.baseline_ms, l.now_ms, l.limit_ms, l.slower ? "SLOWER" : "ok");
+    }
+    if (st->json) {
+      j["slower"] = slower;
+      fmt::print("{}\n", j.dump(2));
+    } else {
+      fmt::print("{}: {} of {} kernels slower than baseline x {:.0f}% + noise ({} on {})\n",
+                 slower ? "REGRESSION" : "OK", slower, lines.size(), 100 + st->tolerance, st->baseline, now.device);
+    }
+    return slower ? 1 : 0;
+  };
+  return c;
+}
+
+}  // namespace moeblaze::cli

@@ -1,0 +1,74 @@
+#include "cache_keys.hpp"
+
+#include <fmt/format.h>
+
+namespace moeblaze {
+
+std::string binary_key(const GeneratedKernel& g, const CompileOptions& options) {
+  std::string extra;
+  for (const auto& o : options.extra) extra += " " + o;
+  // The CUDA include folder is not part of the key: only the NVRTC version is (headers
+  // ship with it).
+  return fmt::format("generator=v{};templates={:016x};kernel={};layer={};tile={};threads={};smem={};arch={};"
+                     "options=-std=c++17 -default-device -lineinfo -DNDEBUG{};nvrtc={}",
+                     kGeneratorVersion, templates_hash(), g.spec.name(), g.spec.layer.describe(),
+                     is_tiled(g.spec.family) ? g.spec.tile.to_string() : "-", g.threads, g.dynamic_smem, options.arch,
+                     extra, nvrtc_version());
+}
+
+int64_t token_bucket(int64_t tokens) {
+  int64_t b = 1;
+  while (b < tokens) b <<= 1;
+  return b;
+}
+
+std::string device_fingerprint(const DeviceInfo& i) {
+  return fmt::format("{}|cc{}.{}|{}sm|driver{}", i.name, i.cc_major, i.cc_minor, i.sm_count, i.driver_version);
+}
+
+std::string measurement_policy(const std::string& routing) {
+  return fmt::format("routing={};l2=rotated;timing=events-median", routing);
+}
+
+TuningKey tuning_key(KernelFamily family, const LayerConfig& layer, int64_t bucket, const std::string& device,
+                     const std::string& policy) {
+  TuningKey k;
+  k.family = to_string(family);
+  k.template_hash = fmt::format("{:016x}", templates_hash());
+  k.shape = layer.describe();
+  k.token_bucket = bucket;
+  k.device = device;
+  k.policy = policy;
+  return k;
+}
+
+CachedBinary to_cached(const BuiltKernel& k, const std::string& key) {
+  CachedBinary c;
+  c.key = key;
+  c.key_hash = key_hash(key);
+  c.kernel_name = k.compiled.kernel_name;
+  c.arch = k.compiled.arch;
+  c.nvrtc_version = nvrtc_version();
+  c.cubin = k.compiled.cubin;
+  c.registers = k.compiled.resources.registers;
+  c.spill_bytes = k.compiled.resources.spill_store_bytes + k.compiled.resources.spill_load_bytes;
+  c.static_smem = k.compiled.resources.static_smem_bytes;
+  c.dynamic_smem = k.generated.dynamic_smem;
+  c.threads = k.generated.threads;
+  c.log = k.compiled.log;
+  return c;
+}
+
+BuiltKernel from_cached(const GeneratedKernel& g, const CachedBinary& c) {
+  BuiltKernel k;
+  k.generated = g;
+  k.compiled.kernel_name = c.kernel_name;
+  k.compiled.arch = c.arch;
+  k.compiled.cubin = c.cubin;
+  k.compiled.log = c.log;
+  k.compiled.resources = parse_resource_report(c.log, c.kernel_name);
+  k.from_cache = true;
+  return k;
+}
+
+}  // namespace moeblaze

@@ -1,0 +1,148 @@
+#include "kernel_loader.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "cache_keys.hpp"
+#include "tuner/heuristics.hpp"
+
+namespace moeblaze {
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::string to_string(TileSource s) {
+  switch (s) {
+    case TileSource::tuned_exact: return "tuned (exact key)";
+    case TileSource::tuned_same_bucket: return "tuned (same token bucket, other policy)";
+    case TileSource::tuned_near_bucket: return "tuned (nearest token bucket within 2x)";
+    case TileSource::forced: return "forced";
+    case TileSource::default_tile: return "default";
+  }
+  return "unknown";
+}
+
+std::string LoadReport::summary() const {
+  int tuned = 0;
+  for (const auto& k : kernels) tuned += k.tile_source != TileSource::default_tile;
+  return fmt::format("{} kernels ({} tuned, {} default): {} binaries from the cache, {} compiled; {:.1f} ms "
+                     "(compile {:.1f} ms, module load {:.1f} ms)",
+                     kernels.size(), tuned, kernels.size() - tuned, cache_hits, compiled, total_ms, compile_ms,
+                     module_load_ms);
+}
+
+std::optional<std::pair<Winner, TileSource>> pick_winner(const std::vector<Winner>& winners, const TuningKey& exact) {
+  const Winner* same_bucket = nullptr;
+  const Winner* near = nullptr;
+  double near_distance = 2.0;
+  for (const Winner& w : winners) {
+    if (w.key.family != exact.family || w.key.template_hash != exact.template_hash || w.key.shape != exact.shape ||
+        w.key.device != exact.device)
+      continue;
+    if (w.key.token_bucket == exact.token_bucket) {
+      if (w.key.policy == exact.policy) return std::pair{w, TileSource::tuned_exact};
+      if (!same_bucket || w.created > same_bucket->created) same_bucket = &w;
+      continue;
+    }
+    if (w.key.token_bucket <= 0 || exact.token_bucket <= 0) continue;
+    const double distance = std::abs(std::log2(static_cast<double>(w.key.token_bucket) / exact.token_bucket));
+    // Within 2x; on a tie prefer the larger bucket (its tiles assume more rows).
+    if (distance <= 1.0 + 1e-9 &&
+        (distance < near_distance - 1e-9 ||
+         (std::abs(distance - near_distance) < 1e-9 && near && w.key.token_bucket > near->key.token_bucket))) {
+      near = &w;
+      near_distance = distance;
+    }
+  }
+  if (same_bucket) return std::pair{*same_bucket, TileSource::tuned_same_bucket};
+  if (near) return std::pair{*near, TileSource::tuned_near_bucket};
+  return std::nullopt;
+}
+
+std::vector<BuiltKernel> build_with_cache(const std::vector<KernelSpec>& specs, KernelCache* cache,
+                                          LoadReport* report) {
+  std::vector<BuiltKernel> out(specs.size());
+  std::vector<KernelSpec> missing;
+  std::vector<size_t> missing_at;
+  std::vector<std::string> keys(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const GeneratedKernel g = generate(specs[i]);
+    keys[i] = binary_key(g, CompileOptions{specs[i].arch, {}});
+    std::optional<CachedBinary> hit;
+    if (cache) hit = cache->find_binary(key_hash(keys[i]), keys[i]);
+    if (hit) {
+      out[i] = from_cached(g, *hit);
+      if (report) ++report->cache_hits;
+    } else {
+      missing.push_back(specs[i]);
+      missing_at.push_back(i);
+    }
+  }
+  if (!missing.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<BuiltKernel> built = compile_all(missing);
+    if (report) {
+      report->compile_ms += ms_since(t0);
+      report->compiled += static_cast<int>(built.size());
+    }
+    for (size_t j = 0; j < built.size(); ++j) {
+      if (cache) cache->put_binary(to_cached(built[j], keys[missing_at[j]]));  // short write, after compiling
+      out[missing_at[j]] = std::move(built[j]);
+    }
+  }
+  return out;
+}
+
+KernelSet load_kernels(const LayerConfig& layer, const DeviceInfo& device, KernelCache* cache,
+                       const LoadOptions& o, LoadReport* report) {
+  const auto t0 = std::chrono::steady_clock::now();
+  LoadReport local;
+  LoadReport& r = report ? *report : local;
+  const std::string arch = device.arch();
+  const std::string fingerprint = device_fingerprint(device);
+  const int64_t bucket = token_bucket(o.tokens > 0 ? o.tokens : 1);
+  std::vector<KernelSpec> specs = layer_kernel_specs(layer, arch);
+  std::map<std::string, std::vector<Winner>> winners;  // per family, read once
+  for (auto& s : specs) {
+    KernelChoice c{s.family, s.tile};
+    if (auto f = o.force.find(s.family); f != o.force.end()) {
+      s.tile = f->second;
+      c.tile_source = TileSource::forced;
+    } else if (cache && is_tiled(s.family)) {
+      const TuningKey key = tuning_key(s.family, layer, bucket, fingerprint, o.policy);
+      auto& list = winners[key.family];
+      if (list.empty()) list = cache->winners_for(key.family, key.template_hash, key.shape, key.device);
+      if (auto w = pick_winner(list, key)) {
+        const TileConfig t = TileConfig::parse(w->first.config);
+        if (legality_problem(KernelSpec{s.family, layer, t, arch}).empty()) {
+          s.tile = t;
+          c.tile_source = w->second;
+          c.winner_bucket = w->first.key.token_bucket;
+        }
+      }
+    }
+    c.tile = s.tile;
+    r.kernels.push_back(c);
+  }
+  // gate_grad sums down_dgrad's N tiles: same tile.
+  for (auto& s : specs)
+    if (s.family == KernelFamily::gate_grad)
+      for (const auto& o2 : specs)
+        if (o2.family == KernelFamily::down_dgrad) s.tile = o2.tile;
+  std::vector<BuiltKernel> built = build_with_cache(specs, cache, &r);
+  for (size_t i = 0; i < built.size(); ++i) r.kernels[i].binary_from_cache = built[i].from_cache;
+  KernelSet set = KernelSet::from_kernels(layer, std::move(built));
+  const auto t1 = std::chrono::steady_clock::now();
+  set.load();
+  r.module_load_ms = ms_since(t1);
+  r.total_ms = ms_since(t0);
+  return set;
+}
+
+}  // namespace moeblaze

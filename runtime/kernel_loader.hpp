@@ -1,0 +1,53 @@
+// Stage 4 with the cache: the kernels of a layer, loaded the way a training process wants
+// them: tuned tiles looked up in the cache (exact key, then the same token bucket, then the
+// nearest bucket within 2x, then the default), cubins loaded from the cache without NVRTC,
+// compiled and stored only on a miss. The report says which path each kernel took.
+#pragma once
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cache/kernel_cache.hpp"
+#include "kernel_set.hpp"
+
+namespace moeblaze {
+
+enum class TileSource { tuned_exact, tuned_same_bucket, tuned_near_bucket, forced, default_tile };
+std::string to_string(TileSource s);
+
+struct KernelChoice {
+  KernelFamily family;
+  TileConfig tile;
+  TileSource tile_source = TileSource::default_tile;
+  bool binary_from_cache = false;
+  int64_t winner_bucket = 0;  // bucket of the winner used, if any
+};
+
+struct LoadReport {
+  std::vector<KernelChoice> kernels;
+  double total_ms = 0, compile_ms = 0, module_load_ms = 0;
+  int cache_hits = 0, compiled = 0;
+  std::string summary() const;  // one line
+};
+
+// The winner to use for `exact` among winners of the same family, template, shape and
+// device (any bucket or policy); nullopt: none applies, use the default.
+std::optional<std::pair<Winner, TileSource>> pick_winner(const std::vector<Winner>& winners, const TuningKey& exact);
+
+// Cubins for `specs`: from the cache when present, else compiled in parallel and stored.
+// Compile failures are rethrown (defaults never fail); no GPU is needed.
+std::vector<BuiltKernel> build_with_cache(const std::vector<KernelSpec>& specs, KernelCache* cache,
+                                          LoadReport* report = nullptr);
+
+struct LoadOptions {
+  int64_t tokens = 0;
+  std::string policy;                          // tuning policy of the exact key
+  std::map<KernelFamily, TileConfig> force;    // override the lookup (tests, regress --force)
+};
+
+// A loaded kernel set for `layer` on the current device. cache may be null (defaults, compiled).
+KernelSet load_kernels(const LayerConfig& layer, const DeviceInfo& device, KernelCache* cache,
+                       const LoadOptions& options, LoadReport* report = nullptr);
+
+}  // namespace moeblaze

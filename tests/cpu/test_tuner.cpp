@@ -1,0 +1,211 @@
+// Tuner and runtime lookup on the CPU: candidates, the winner fallback chain on recorded
+// results, cache-backed building (NVRTC only on a miss), compile-only tuning, baselines.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "cache_keys.hpp"
+#include "errors.hpp"
+#include "kernel_loader.hpp"
+#include "tuner/candidates.hpp"
+#include "tuner/heuristics.hpp"
+#include "tuner/measure.hpp"
+#include "tuner/tuner.hpp"
+
+using namespace moeblaze;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("moeblaze_tuner_test_" + std::to_string(::getpid()) + "_" +
+                                        std::to_string(reinterpret_cast<uintptr_t>(this)));
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+LayerConfig small_layer() {
+  LayerConfig l;
+  l.shape = {8, 2, 128, 128};
+  return l;
+}
+
+Winner winner(const TuningKey& k, const std::string& tile, double created = 1) {
+  Winner w;
+  w.key = k;
+  w.config = tile;
+  w.created = created;
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("tuner: tile configs print and parse") {
+  const TileConfig t{128, 256, 64, 2, 4, 3};
+  CHECK(TileConfig::parse(t.to_string()) == t);
+  CHECK_THROWS_AS(TileConfig::parse("128x128"), InvalidArgument);
+  CHECK_THROWS_AS(TileConfig::parse("128x128x64_w2x4_s4junk"), InvalidArgument);
+  CHECK(parse_family("up_proj") == KernelFamily::up_proj);
+  CHECK_THROWS_AS(parse_family("up"), InvalidArgument);
+}
+
+TEST_CASE("tuner: candidates are legal, unique, default first") {
+  const LayerConfig l = find_preset("qwen3-30b-a3b").layer;
+  for (KernelFamily f : tunable_families(l)) {
+    const auto c = tile_candidates(f, l, "sm_90a", 12);
+    REQUIRE(!c.empty());
+    CHECK(c.front() == default_tile(f, l, "sm_90a"));
+    CHECK(c.size() <= 12);
+    CHECK(c.size() >= 4);
+    std::set<std::string> seen;
+    for (const auto& t : c) {
+      CHECK(seen.insert(t.to_string()).second);
+      CHECK(legality_problem(KernelSpec{f, l, t, "sm_90a"}).empty());
+    }
+  }
+  CHECK(tunable_families(l).size() == 9);  // 6 expert GEMMs + 3 router GEMMs
+}
+
+TEST_CASE("tuner: token buckets are powers of two") {
+  CHECK(token_bucket(1) == 1);
+  CHECK(token_bucket(4096) == 4096);
+  CHECK(token_bucket(4097) == 8192);
+  CHECK(token_bucket(20000) == 32768);
+}
+
+TEST_CASE("tuner: winner lookup falls back exact -> same bucket -> nearest bucket within 2x -> default") {
+  const LayerConfig l = small_layer();
+  const std::string dev = "GPU|cc9.0|132sm|driver13000", pol = measurement_policy("router");
+  const TuningKey exact = tuning_key(KernelFamily::down_proj, l, 8192, dev, pol);
+
+  CHECK(!pick_winner({}, exact).has_value());
+  TuningKey other_policy = exact;
+  other_policy.policy = measurement_policy("skewed");
+  TuningKey half = exact, dbl = exact, quarter = exact, other_dev = exact, other_shape = exact;
+  half.token_bucket = 4096;
+  dbl.token_bucket = 16384;
+  quarter.token_bucket = 2048;
+  other_dev.device = "GPU B";
+  other_shape.shape = "E=9";
+
+  // Only records that must not apply.
+  std::vector<Winner> w = {winner(quarter, "64x64x64_w2x2_s4"), winner(other_dev, "64x128x64_w2x2_s4"),
+                           winner(other_shape, "128x64x64_w2x2_s4")};
+  CHECK(!pick_winner(w, exact).has_value());
+  // Nearest within 2x: both neighbours present, equal distance: the larger bucket wins.
+  w.push_back(winner(half, "64x128x64_w2x4_s3"));
+  w.push_back(winner(dbl, "256x128x64_w4x2_s3"));
+  auto p = pick_winner(w, exact);
+  REQUIRE(p.has_value());
+  CHECK(p->second == TileSource::tuned_near_bucket);
+  CHECK(p->first.key.token_bucket == 16384);
+  // Same bucket under another policy beats a neighbouring bucket.
+  w.push_back(winner(other_policy, "128x256x64_w2x4_s3"));
+  p = pick_winner(w, exact);
+  REQUIRE(p.has_value());
+  CHECK(p->second == TileSource::tuned_same_bucket);
+  CHECK(p->first.config == "128x256x64_w2x4_s3");
+  // The exact key wins over everything.
+  w.push_back(winner(exact, "128x128x64_w2x4_s5"));
+  p = pick_winner(w, exact);
+  REQUIRE(p.has_value());
+  CHECK(p->second == TileSource::tuned_exact);
+  CHECK(p->first.config == "128x128x64_w2x4_s5");
+}
+
+TEST_CASE("tuner: binaries come from the cache after the first build; any key change is a miss") {
+  TempDir dir;
+  KernelCache cache((dir.path / "k.db").string());
+  const LayerConfig l = small_layer();
+  std::vector<KernelSpec> specs;
+  for (const auto& s : layer_kernel_specs(l, "sm_90a"))
+    if (s.family == KernelFamily::down_proj || s.family == KernelFamily::combine) specs.push_back(s);
+  LoadReport first, second;
+  const auto a = build_with_cache(specs, &cache, &first);
+  CHECK(first.compiled == 2);
+  CHECK(first.cache_hits == 0);
+  const auto b = build_with_cache(specs, &cache, &second);
+  CHECK(second.compiled == 0);
+  CHECK(second.cache_hits == 2);
+  for (size_t i = 0; i < a.size(); ++i) {
+    CHECK(b[i].from_cache);
+    CHECK(a[i].compiled.cubin == b[i].compiled.cubin);
+    CHECK(b[i].compiled.resources.registers == a[i].compiled.resources.registers);
+  }
+  // Another tile or another shape is another binary.
+  specs[0].tile.stages = 3;
+  LoadReport third;
+  build_with_cache({specs[0]}, &cache, &third);
+  CHECK(third.compiled == 1);
+  const GeneratedKernel g1 = generate(specs[0]);
+  KernelSpec s2 = specs[0];
+  s2.layer.shape.hidden = 136;
+  CHECK(binary_key(g1, CompileOptions{}) != binary_key(generate(s2), CompileOptions{}));
+  CHECK(binary_key(g1, CompileOptions{"sm_90a", {}}) != binary_key(g1, CompileOptions{"sm_90a", {"-G"}}));
+}
+
+TEST_CASE("tuner: without a GPU, tune compiles every candidate into the cache and says timing needs a GPU") {
+  if (gpu_available()) {
+    MESSAGE("a GPU is present: the compile-only path is not taken here");
+    return;
+  }
+  TempDir dir;
+  KernelCache cache((dir.path / "k.db").string());
+  TuneOptions o;
+  o.layer = small_layer();
+  o.tokens = {1000};
+  o.candidates_per_family = 3;
+  const TuneReport r = tune_layer(o, cache);
+  CHECK(!r.timed);
+  CHECK(r.why_not_timed.find("GPU") != std::string::npos);
+  CHECK(r.compile_failures == 0);
+  CHECK(r.compiled == 6 * 3);
+  CHECK(cache.summary().binaries == 6 * 3);
+  const TuneReport again = tune_layer(o, cache);
+  CHECK(again.compiled == 0);
+  CHECK(again.from_cache == 6 * 3);
+}
+
+TEST_CASE("tuner: baselines round-trip and regressions are judged beyond the noise") {
+  TempDir dir;
+  Baseline b;
+  b.layer = find_preset("qwen3-30b-a3b").layer;
+  b.tokens = 32768;
+  b.device = "NVIDIA H200";
+  b.kernels = {{"up_proj", "128x128x64_w2x4_s3", 2.0, 0.02}, {"combine", "-", 0.5, 0.01}};
+  const std::string path = (dir.path / "b.json").string();
+  write_baseline(b, path);
+  const Baseline r = read_baseline(path);
+  CHECK(r.layer.describe() == b.layer.describe());
+  CHECK(r.tokens == b.tokens);
+  REQUIRE(r.kernels.size() == 2);
+  CHECK(r.kernels[0].tile == "128x128x64_w2x4_s3");
+  CHECK(r.kernels[1].median_ms == doctest::Approx(0.5));
+
+  Baseline now = b;
+  now.kernels[0].median_ms = 2.15;  // +7.5%: inside 10%
+  now.kernels[1].median_ms = 0.6;   // +20%: slower
+  auto lines = compare_to_baseline(b, now, 0.10);
+  CHECK(!lines[0].slower);
+  CHECK(lines[1].slower);
+  now.kernels[1].spread_ms = 0.2;  // but very noisy now: within the noise
+  lines = compare_to_baseline(b, now, 0.10);
+  CHECK(!lines[1].slower);
+  now.kernels.pop_back();  // a kernel that disappeared is a failure
+  lines = compare_to_baseline(b, now, 0.10);
+  CHECK(lines[1].slower);
+
+  CHECK_THROWS_AS(read_baseline((dir.path / "missing.json").string()), InvalidArgument);
+  {
+    std::ofstream f(dir.path / "bad.json");
+    f << "{\"format\": \"something-else\"}";
+  }
+  CHECK_THROWS_AS(read_baseline((dir.path / "bad.json").string()), InvalidArgument);
+}

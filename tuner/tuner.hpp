@@ -1,0 +1,53 @@
+// The autotuner: for a layer and token buckets, compile every candidate tile of every GEMM
+// family into the cache (parallel threads, failures recorded, never fatal), then on a GPU
+// check each candidate's outputs against the default kernels' before timing it, time the
+// candidates interleaved (CUDA events around the family's launches inside real layer
+// passes, warm-up by time, median of >= 10 samples, activations rotated beyond 2x L2), and
+// store every measurement and the winner. A winner must beat the default by more than the
+// measured noise, so a tuned layer is never slower than the default.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cache/kernel_cache.hpp"
+#include "generator/kernel_spec.hpp"
+
+namespace moeblaze {
+
+struct TuneOptions {
+  LayerConfig layer;
+  std::vector<int64_t> tokens;      // one tuning run per entry (its bucket is the key)
+  std::string routing = "router";   // router | random | balanced | skewed
+  double budget_s = 300;            // stop measuring new families after this long
+  int samples = 10;                 // timed samples per candidate (at least 10)
+  double warmup_ms = 200;           // warm-up by time before measuring
+  int candidates_per_family = 12;
+  uint64_t seed = 7;
+  std::function<void(const std::string& line, bool transient)> progress;  // transient: may be overwritten
+};
+
+struct FamilyTuning {
+  std::string family, winner, default_tile;
+  int64_t token_bucket = 0;
+  double winner_ms = 0, winner_spread = 0, default_ms = 0, default_spread = 0;
+  int candidates = 0, failures = 0;
+  bool measured = false;
+  std::string note;
+};
+
+struct TuneReport {
+  std::string layer, device, policy;
+  bool timed = false;
+  std::string why_not_timed;
+  int compiled = 0, from_cache = 0, compile_failures = 0;
+  std::vector<FamilyTuning> families;
+  double step_default_ms = 0, step_tuned_ms = 0;  // fwd+bwd, median, interleaved
+  double seconds = 0;
+};
+
+// Tunes into `cache`. Without a GPU: compiles every candidate into the cache and returns
+// with timed = false and the reason.
+TuneReport tune_layer(const TuneOptions& options, KernelCache& cache);
+
+}  // namespace moeblaze

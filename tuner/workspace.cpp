@@ -1,0 +1,185 @@
+#include "workspace.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "host_data.hpp"
+
+namespace moeblaze {
+namespace {
+
+DeviceBuffer random_bf16(size_t count, float scale, uint64_t seed) {
+  std::vector<bf16> h(count);
+  fill_uniform(h, scale, seed);
+  DeviceBuffer b(count * 2);
+  b.upload(h.data(), b.size());
+  return b;
+}
+
+}  // namespace
+
+LayerConfig timing_layer(const LayerConfig& layer, const std::string& routing) {
+  LayerConfig l = layer;
+  if (routing != "router") l.router = RouterKind::none;
+  return l;
+}
+
+TimingWorkspace::TimingWorkspace(const LayerConfig& layer_in, int64_t T, const std::string& routing,
+                                 CheckpointMode m, uint64_t seed, int64_t l2_bytes)
+    : layer(timing_layer(layer_in, routing)), tokens(T), mode(m) {
+  if (routing != "router" && routing != "random" && routing != "balanced" && routing != "skewed")
+    throw InvalidArgument("routing", "'" + routing + "' is not one of router, random, balanced, skewed");
+  const int E = layer.shape.experts, K = layer.shape.topk, d = layer.shape.hidden, n = layer.shape.ffn;
+  const bool gated = is_gated(layer.activation);
+  plan = plan_memory(layer, T, mode, 128);  // generous: the default dgrad tile is the smallest bn in use
+  plan.backward_scratch_bytes = std::max(plan.backward_scratch_bytes, plan_memory(layer, T, mode, 64).backward_scratch_bytes);
+  const int64_t act_bytes = T * d * 2 * 2;
+  const int rot = static_cast<int>(std::clamp<int64_t>((2 * l2_bytes + act_bytes - 1) / std::max<int64_t>(act_bytes, 1), 1, 4));
+  for (int r = 0; r < rot; ++r) {
+    x.push_back(random_bf16(T * d, 1.f, seed * 100 + r));
+    dy.push_back(random_bf16(T * d, 1.f, seed * 100 + 50 + r));
+  }
+  w1 = random_bf16(size_t(E) * n * d, std::sqrt(3.f / d), seed * 100 + 90);
+  if (gated) w3 = random_bf16(size_t(E) * n * d, std::sqrt(3.f / d), seed * 100 + 91);
+  w2 = random_bf16(size_t(E) * d * n, std::sqrt(3.f / n), seed * 100 + 92);
+  if (layer.router != RouterKind::none) {
+    wr = random_bf16(size_t(E) * d, std::sqrt(3.f / d), seed * 100 + 93);
+  } else {
+    // Caller routing drawn on the host: K distinct experts per token.
+    std::vector<int32_t> hid(T * K);
+    std::vector<float> hg(T * K);
+    const int hot = std::max(1, E / 16);
+    parallel_for(T, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        uint64_t draw = 0;
+        for (int j = 0; j < K; ++j) {
+          int pick;
+          if (routing == "balanced") {
+            pick = static_cast<int>((t * K + j) % E);
+          } else {
+            for (;;) {
+              const double u = unit_double(seed * 100 + 94, static_cast<uint64_t>(t) * 1000 + draw++);
+              if (routing == "skewed" && E > hot) {
+                const double xw = u * (4.0 * hot + (E - hot));
+                pick = std::min(E - 1, xw < 4.0 * hot ? static_cast<int>(xw / 4.0) : hot + static_cast<int>(xw - 4.0 * hot));
+              } else {
+                pick = static_cast<int>(u * E);
+              }
+              bool seen = false;
+              for (int i = 0; i < j; ++i) seen |= hid[t * K + i] == pick;
+              if (!seen) break;
+            }
+          }
+          hid[t * K + j] = pick;
+          hg[t * K + j] = 1.f / K;
+        }
+      }
+    });
+    ids = DeviceBuffer(hid.size() * 4);
+    ids.upload(hid.data(), ids.size());
+    gates = DeviceBuffer(hg.size() * 4);
+    gates.upload(hg.data(), gates.size());
+  }
+  y = DeviceBuffer(T * d * 2);
+  dx = DeviceBuffer(T * d * 2);
+  dw1 = DeviceBuffer(size_t(E) * n * d * 2);
+  if (gated) dw3 = DeviceBuffer(size_t(E) * n * d * 2);
+  dw2 = DeviceBuffer(size_t(E) * d * n * 2);
+  if (layer.router != RouterKind::none) dwr = DeviceBuffer(size_t(E) * d * 2);
+  dgates = DeviceBuffer(T * K * 4);
+  saved = DeviceBuffer(plan.saved_bytes);
+  fscratch = DeviceBuffer(plan.forward_scratch_bytes);
+  bscratch = DeviceBuffer(plan.backward_scratch_bytes);
+}
+
+ForwardArgs TimingWorkspace::forward_args(int r) const {
+  const int E = layer.shape.experts, K = layer.shape.topk, d = layer.shape.hidden, n = layer.shape.ffn;
+  const int64_t T = tokens;
+  ForwardArgs a;
+  a.x = {x[r % x.size()].get(), DType::bf16, {T, d}};
+  if (layer.router != RouterKind::none) {
+    a.w_router = {wr.get(), DType::bf16, {E, d}};
+  } else {
+    a.topk_ids = {ids.get(), DType::i32, {T, K}};
+    a.topk_weights = {gates.get(), DType::f32, {T, K}};
+  }
+  a.w1 = {w1.get(), DType::bf16, {E, n, d}};
+  if (is_gated(layer.activation)) a.w3 = {w3.get(), DType::bf16, {E, n, d}};
+  a.w2 = {w2.get(), DType::bf16, {E, d, n}};
+  a.y = {y.get(), DType::bf16, {T, d}};
+  a.mode = mode;
+  a.saved = saved.get();
+  a.saved_bytes = saved.size();
+  a.scratch = fscratch.get();
+  a.scratch_bytes = fscratch.size();
+  return a;
+}
+
+BackwardArgs TimingWorkspace::backward_args(int r) const {
+  const int E = layer.shape.experts, K = layer.shape.topk, d = layer.shape.hidden, n = layer.shape.ffn;
+  const int64_t T = tokens;
+  const ForwardArgs f = forward_args(r);
+  BackwardArgs b;
+  b.dy = {dy[r % dy.size()].get(), DType::bf16, {T, d}};
+  b.x = f.x;
+  b.topk_weights = f.topk_weights;
+  b.w_router = f.w_router;
+  b.w1 = f.w1;
+  b.w3 = f.w3;
+  b.w2 = f.w2;
+  b.dx = {dx.get(), DType::bf16, {T, d}};
+  b.dw1 = {dw1.get(), DType::bf16, {E, n, d}};
+  if (is_gated(layer.activation)) b.dw3 = {dw3.get(), DType::bf16, {E, n, d}};
+  b.dw2 = {dw2.get(), DType::bf16, {E, d, n}};
+  b.d_topk_weights = {dgates.get(), DType::f32, {T, K}};
+  if (layer.router != RouterKind::none) b.dw_router = {dwr.get(), DType::bf16, {E, d}};
+  b.scratch = bscratch.get();
+  b.scratch_bytes = bscratch.size();
+  return b;
+}
+
+Stats stats_of(std::vector<double> v) {
+  Stats s;
+  s.samples = static_cast<int>(v.size());
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) { return v[static_cast<size_t>(std::round(q * (v.size() - 1)))]; };
+  s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  s.spread = 0.5 * (at(0.9) - at(0.1));
+  return s;
+}
+
+double family_flops(KernelFamily f, const LayerConfig& l, int64_t T) {
+  const double TK = double(T) * l.shape.topk, d = l.shape.hidden, n = l.shape.ffn, E = l.shape.experts;
+  const double G = l.gate_parts();
+  switch (f) {
+    case KernelFamily::up_proj: return 2 * TK * d * n * G;
+    case KernelFamily::down_proj: return 2 * TK * d * n;
+    case KernelFamily::down_dgrad: return 2 * TK * d * n;
+    case KernelFamily::down_wgrad: return 2 * TK * d * n;
+    case KernelFamily::up_wgrad: return 2 * TK * d * n * G;
+    case KernelFamily::up_dgrad: return 2 * TK * d * n * G;
+    case KernelFamily::router_logits:
+    case KernelFamily::router_dgrad:
+    case KernelFamily::router_wgrad: return 2 * double(T) * d * E;
+    default: return 0;
+  }
+}
+
+double family_min_bytes(KernelFamily f, const LayerConfig& l, int64_t T) {
+  const double TK = double(T) * l.shape.topk, d = l.shape.hidden, n = l.shape.ffn, E = l.shape.experts;
+  const double G = l.gate_parts(), W = E * n * d * 2;  // one weight matrix, bytes
+  switch (f) {
+    case KernelFamily::up_proj: return T * d * 2 + G * W + TK * n * 2 * (G + 1);
+    case KernelFamily::down_proj: return TK * n * 2 + W + TK * d * 2;
+    case KernelFamily::combine: return TK * d * 2 + T * d * 2;
+    case KernelFamily::down_dgrad: return T * d * 2 + W + TK * n * 2 * G * 2 + TK * n * 2;
+    case KernelFamily::down_wgrad: return T * d * 2 + TK * n * 2 + W;
+    case KernelFamily::up_wgrad: return TK * n * 2 * G + T * d * 2 + G * W;
+    case KernelFamily::up_dgrad: return TK * n * 2 * G + G * W + TK * d * 2;
+    case KernelFamily::router_logits: return T * d * 2 + E * d * 2 + T * E * 4;
+    default: return 0;
+  }
+}
+
+}  // namespace moeblaze

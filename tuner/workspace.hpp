@@ -1,0 +1,49 @@
+// Device buffers for timing a layer: random inputs (never zeros), weights, outputs, saved
+// state and scratch, with the activation inputs (x, dy) rotated over enough copies that
+// the working set exceeds twice the L2. Used by the tuner, the benchmark and regress.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moe_layer.hpp"
+
+namespace moeblaze {
+
+// Routing of a timing run: "router" (the layer's built-in router with random weights, or
+// random caller routing when the layer has none), or a caller distribution: "random",
+// "balanced", "skewed".
+struct TimingWorkspace {
+  TimingWorkspace(const LayerConfig& layer, int64_t tokens, const std::string& routing, CheckpointMode mode,
+                  uint64_t seed, int64_t l2_bytes);
+  TimingWorkspace(const TimingWorkspace&) = delete;
+  TimingWorkspace& operator=(const TimingWorkspace&) = delete;
+
+  ForwardArgs forward_args(int rotation) const;
+  BackwardArgs backward_args(int rotation) const;
+  int rotations() const { return static_cast<int>(x.size()); }
+
+  LayerConfig layer;         // as run: router none when routing is a caller distribution
+  int64_t tokens;
+  CheckpointMode mode;
+  MemoryPlan plan;
+  std::vector<DeviceBuffer> x, dy;  // one per rotation
+  DeviceBuffer w1, w3, w2, wr, ids, gates, y, dx, dw1, dw3, dw2, dwr, dgates, saved, fscratch, bscratch;
+  Stream stream;
+};
+
+// The layer config a routing choice runs: caller distributions drop the built-in router.
+LayerConfig timing_layer(const LayerConfig& layer, const std::string& routing);
+
+struct Stats {
+  double median = 0, spread = 0;  // spread: (p90 - p10) / 2
+  int samples = 0;
+};
+Stats stats_of(std::vector<double> v);
+
+// FLOPs of one kernel family for a layer and token count (0 for non-GEMM kernels), and
+// the bytes it must move at least: the per-kernel floors of the breakdown.
+double family_flops(KernelFamily f, const LayerConfig& l, int64_t tokens);
+double family_min_bytes(KernelFamily f, const LayerConfig& l, int64_t tokens);
+
+}  // namespace moeblaze
