@@ -1,0 +1,173 @@
+// KernelCache administration: summary, export, import, verify, gc (the contract is in
+// kernel_cache.hpp; the SQLite wrappers in kernel_cache_sqlite.hpp).
+#include <fmt/format.h>
+#include <sqlite3.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+#include "cache/kernel_cache_sqlite.hpp"
+
+namespace moeblaze {
+namespace fs = std::filesystem;
+using namespace cache_detail;
+
+namespace {
+
+// Whether a binary is named by a winner: its kernel name (KernelSpec::name(),
+// "mb_<family>_..._<config>") has the winner's family and ends with its config. Shapes are
+// not compared, so this keeps a little more than needed, never less.
+constexpr const char* kNamedByWinner =
+    "EXISTS(SELECT 1 FROM winners w WHERE length(w.config) > 0 "
+    "AND instr(binaries.kernel_name, '_' || w.family || '_') > 0 "
+    "AND substr(binaries.kernel_name, -length(w.config) - 1) = '_' || w.config)";
+
+// Checks that `file` is a moeblaze cache of this schema with every table and column, from a
+// read-only connection of its own, before anything of it is attached.
+void validate_export(const std::string& cache_path, const std::string& file) {
+  auto reject = [&](const std::string& why) {
+    return CacheError(fmt::format("cache {}: {} is not a moeblaze cache export ({})", cache_path, file, why));
+  };
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) throw reject("no such file");
+  try {
+    Connection src(file, true);
+    if (const int64_t app = scalar(src, "PRAGMA application_id"); app != kApplicationId)
+      throw reject(fmt::format("application_id {:#x}", app));
+    if (const int64_t v = scalar(src, "PRAGMA user_version"); v != kCacheSchemaVersion)
+      throw reject(fmt::format("schema version {}, this build reads {}", v, kCacheSchemaVersion));
+    for (auto [table, columns] : {std::pair{"binaries", kBinaryColumns}, std::pair{"measurements", kMeasurementColumns},
+                                  std::pair{"winners", kWinnerColumns}})
+      Statement(src, fmt::format("SELECT {} FROM {} LIMIT 0", columns, table), fmt::format("reading table {}", table));
+  } catch (const SqliteError& e) {
+    throw reject(e.what());
+  }
+}
+
+}  // namespace
+
+CacheSummary KernelCache::summary() {
+  Connection& db = *impl_->db;
+  CacheSummary s;
+  s.path = impl_->path;
+  s.schema_version = int(scalar(db, "PRAGMA user_version"));
+  Statement q(db,
+              "SELECT (SELECT count(*) FROM binaries), (SELECT coalesce(sum(length(cubin)), 0) FROM binaries), "
+              "(SELECT count(*) FROM measurements), (SELECT count(*) FROM measurements WHERE status <> 'ok'), "
+              "(SELECT count(*) FROM winners)",
+              "summarising");
+  q.step();
+  s.binaries = q.integer(0);
+  s.binary_bytes = q.integer(1);
+  s.measurements = q.integer(2);
+  s.failures = q.integer(3);
+  s.winners = q.integer(4);
+  // Bytes on disk: recent writes sit in the -wal file until a checkpoint moves them.
+  std::error_code ec;
+  for (const char* suffix : {"", "-wal"})
+    if (const auto n = fs::file_size(impl_->path + suffix, ec); !ec) s.file_bytes += int64_t(n);
+  return s;
+}
+
+void KernelCache::export_to(const std::string& file) {
+  std::error_code ec;
+  if (fs::exists(file, ec))
+    throw CacheError(fmt::format("cache {}: cannot export to {}: {}", impl_->path, file, std::strerror(EEXIST)));
+  if (const fs::path folder = fs::path(file).parent_path(); !folder.empty()) fs::create_directories(folder, ec);
+  // VACUUM INTO writes a compact, consistent snapshot (header with application_id and
+  // user_version included) and works on a read-only connection too.
+  Statement s(*impl_->db, "VACUUM INTO ?", "exporting to " + file);
+  s.bind_text(1, file_uri(file)).step();
+}
+
+int64_t KernelCache::import_from(const std::string& file) {
+  impl_->require_writable("import " + file);
+  validate_export(impl_->path, file);
+  Connection& db = *impl_->db;
+  {
+    Statement attach(db, "ATTACH DATABASE ? AS import_src", "attaching " + file);
+    attach.bind_text(1, file_uri(file, "?mode=ro")).step();
+  }
+  struct Detach {  // ATTACH and DETACH cannot run inside the transaction
+    sqlite3* db;
+    ~Detach() { sqlite3_exec(db, "DETACH DATABASE import_src", nullptr, nullptr, nullptr); }
+  } detach{db.get()};
+  int64_t rows = 0;
+  impl_->write("import " + file, [&] {
+    for (const std::string& sql :
+         {fmt::format("INSERT OR REPLACE INTO main.binaries({0}) SELECT {0} FROM import_src.binaries", kBinaryColumns),
+          fmt::format("INSERT OR REPLACE INTO main.winners({0}) SELECT {0} FROM import_src.winners", kWinnerColumns),
+          fmt::format("INSERT INTO main.measurements({0}) SELECT {0} FROM import_src.measurements ORDER BY id",
+                      kMeasurementColumns)}) {
+      db.exec(sql, "importing " + file);
+      rows += sqlite3_changes64(db.get());
+    }
+  });
+  return rows;
+}
+
+VerifyReport KernelCache::verify(bool fix) {
+  Connection& db = *impl_->db;
+  VerifyReport r;
+  {
+    Statement check(db, "PRAGMA integrity_check", "checking integrity");
+    while (check.step())
+      if (const std::string row = check.text(0); row != "ok") {
+        r.integrity_ok = false;
+        r.problems.push_back("integrity_check: " + row);
+      }
+  }
+  std::vector<std::pair<std::string, std::vector<char>>> bad;  // key hash, the blob that failed
+  {
+    Statement s(db, "SELECT key_hash, kernel_name, cubin, checksum FROM binaries ORDER BY key_hash", "checking binaries");
+    while (s.step()) {
+      ++r.binaries_checked;
+      std::vector<char> cubin = s.blob(2);
+      if (checksum(cubin) == s.text(3)) continue;
+      ++r.bad_checksums;
+      r.problems.push_back(fmt::format("binary {} ({}) fails its checksum{}", s.text(0), s.text(1), fix ? "; deleted" : ""));
+      bad.emplace_back(s.text(0), std::move(cubin));
+    }
+  }
+  if (fix && !bad.empty())
+    impl_->write("delete binaries that fail their checksum", [&] {
+      Statement del(db, "DELETE FROM binaries WHERE key_hash = ? AND cubin = ?", "deleting a bad binary");
+      for (const auto& [hash, cubin] : bad) {
+        del.reset();
+        del.bind_text(1, hash).bind_blob(2, cubin).step();
+      }
+    });
+  return r;
+}
+
+int64_t KernelCache::gc(int64_t max_bytes) {
+  Connection& db = *impl_->db;
+  int64_t deleted = 0;
+  impl_->write("garbage-collect binaries", [&] {
+    int64_t total = scalar(db, "SELECT coalesce(sum(length(cubin)), 0) FROM binaries");
+    // Binaries no winner names first, then the rest; least recently used first in each.
+    std::vector<std::string> victims;
+    {
+      Statement s(db, fmt::format("SELECT key_hash, length(cubin) FROM binaries ORDER BY {}, last_used, created", kNamedByWinner),
+                  "choosing binaries to delete");
+      while (total > max_bytes && s.step()) {
+        victims.push_back(s.text(0));
+        total -= s.integer(1);
+      }
+    }
+    Statement del(db, "DELETE FROM binaries WHERE key_hash = ?", "deleting a binary");
+    for (const std::string& hash : victims) {
+      del.reset();
+      del.bind_text(1, hash).step();
+    }
+    deleted = int64_t(victims.size());
+  });
+  // Gives freed pages back to the file system; skipped when there are none, since VACUUM
+  // rewrites the whole file.
+  if (deleted > 0 || scalar(db, "PRAGMA freelist_count") > 0) db.exec("VACUUM", "vacuuming");
+  return deleted;
+}
+
+}  // namespace moeblaze

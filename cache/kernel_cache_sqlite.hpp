@@ -1,0 +1,190 @@
+// Internals shared by kernel_cache.cpp (open, binaries, tuning results) and
+// kernel_cache_admin.cpp (summary, export, import, verify, gc): RAII for sqlite3* and
+// sqlite3_stmt*, the write transaction, and KernelCache::Impl. Not part of the public API.
+#pragma once
+#include <fmt/format.h>
+#include <sqlite3.h>
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/kernel_cache.hpp"
+
+namespace moeblaze {
+namespace cache_detail {
+
+inline constexpr int32_t kApplicationId = 0x4D4F4542;  // 'MOEB' in the file header: a moeblaze cache
+inline constexpr int kBusyTimeoutMs = 30000;           // other processes' short writes wait, never fail
+inline constexpr int kTouchTimeoutMs = 250;            // last_used is a hint for gc: never wait long for it
+
+// The columns every insert and import names explicitly (measurements without their id), so
+// a later schema that adds a column cannot shift values.
+inline constexpr const char* kBinaryColumns =
+    "key_hash, key, kernel_name, arch, nvrtc_version, cubin, checksum, registers, spill_bytes, "
+    "static_smem, dynamic_smem, threads, log, created, last_used";
+inline constexpr const char* kMeasurementColumns =
+    "key_hash, key_text, family, template_hash, shape, token_bucket, device, policy, config, status, "
+    "median_ms, spread_ms, samples, detail, created";
+inline constexpr const char* kWinnerColumns =
+    "key_hash, key_text, family, template_hash, shape, token_bucket, device, policy, config, median_ms, "
+    "spread_ms, default_ms, created";
+
+// A CacheError that keeps the SQLite result code, so that opening can tell a file that is
+// not a database (move it aside) from one that is locked or unreadable (report it).
+struct SqliteError : CacheError {
+  int code;
+  SqliteError(std::string m, int c) : CacheError(std::move(m)), code(c & 0xff) {}
+};
+
+double unix_now();
+// FNV-1a 64 of the blob bytes, as 16 hex digits (the same hash as key_hash()).
+std::string checksum(const std::vector<char>& blob);
+// A file: URI for a path. The connection is opened with SQLITE_OPEN_URI so that ATTACH can
+// ask for mode=ro; encoding every path this way keeps names like "file:x" or "a?b" literal.
+std::string file_uri(const std::string& path, const char* query = "");
+
+// An open sqlite3* and the path it names in error messages.
+class Connection {
+ public:
+  Connection(const std::string& path, bool read_only) : path_(path) {
+    const int flags = SQLITE_OPEN_URI | (read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+    const int rc = sqlite3_open_v2(file_uri(path).c_str(), &db_, flags, nullptr);
+    if (rc != SQLITE_OK) {
+      const std::string why = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
+      sqlite3_close_v2(db_);
+      throw SqliteError(fmt::format("cache {}: cannot open: {}", path, why), rc);
+    }
+    sqlite3_busy_timeout(db_, kBusyTimeoutMs);
+  }
+  ~Connection() { sqlite3_close_v2(db_); }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  sqlite3* get() const { return db_; }
+  const std::string& path() const { return path_; }
+
+  [[noreturn]] void fail(int rc, const std::string& what) const {
+    throw SqliteError(fmt::format("cache {}: {}: {}", path_, what, sqlite3_errmsg(db_)), rc);
+  }
+  void exec(const std::string& sql, const std::string& what) {
+    if (const int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, nullptr); rc != SQLITE_OK) fail(rc, what);
+  }
+
+ private:
+  std::string path_;
+  sqlite3* db_ = nullptr;
+};
+
+// A prepared statement; `what` says in errors what it was doing ("storing a binary").
+class Statement {
+ public:
+  Statement(Connection& c, const std::string& sql, std::string what) : c_(c), what_(std::move(what)) {
+    if (const int rc = sqlite3_prepare_v2(c.get(), sql.c_str(), -1, &s_, nullptr); rc != SQLITE_OK) c.fail(rc, what_);
+  }
+  ~Statement() { sqlite3_finalize(s_); }
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+
+  Statement& bind_text(int i, const std::string& v) {
+    return check(sqlite3_bind_text(s_, i, v.data(), int(v.size()), SQLITE_TRANSIENT));
+  }
+  Statement& bind_int(int i, int64_t v) { return check(sqlite3_bind_int64(s_, i, v)); }
+  Statement& bind_real(int i, double v) { return check(sqlite3_bind_double(s_, i, v)); }
+  Statement& bind_blob(int i, const std::vector<char>& v) {
+    // A null pointer would bind NULL; an empty binary is an empty blob.
+    static const char empty = 0;
+    return check(sqlite3_bind_blob(s_, i, v.empty() ? &empty : v.data(), int(v.size()), SQLITE_TRANSIENT));
+  }
+
+  // True while there is a row; false when done; throws on any other result.
+  bool step() {
+    const int rc = sqlite3_step(s_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    c_.fail(rc, what_);
+  }
+  // Runs a statement again with new bindings (one insert per row of a batch).
+  void reset() {
+    sqlite3_reset(s_);  // its code repeats the last step's, which already threw if bad
+    check(sqlite3_clear_bindings(s_));
+  }
+
+  std::string text(int col) const {
+    const auto* t = reinterpret_cast<const char*>(sqlite3_column_text(s_, col));
+    return t ? std::string(t, size_t(sqlite3_column_bytes(s_, col))) : std::string();
+  }
+  int64_t integer(int col) const { return sqlite3_column_int64(s_, col); }
+  double real(int col) const {
+    return sqlite3_column_type(s_, col) == SQLITE_NULL ? std::numeric_limits<double>::quiet_NaN()
+                                                       : sqlite3_column_double(s_, col);
+  }
+  std::vector<char> blob(int col) const {
+    const auto* p = static_cast<const char*>(sqlite3_column_blob(s_, col));
+    return p ? std::vector<char>(p, p + sqlite3_column_bytes(s_, col)) : std::vector<char>();
+  }
+
+ private:
+  Statement& check(int rc) {
+    if (rc != SQLITE_OK) c_.fail(rc, what_);
+    return *this;
+  }
+  Connection& c_;
+  std::string what_;
+  sqlite3_stmt* s_ = nullptr;
+};
+
+// BEGIN IMMEDIATE takes the write lock up front (waiting through busy_timeout), so a write
+// never fails half-way for lack of it; the destructor rolls back anything not committed.
+class WriteTransaction {
+ public:
+  explicit WriteTransaction(Connection& c) : c_(c) { c_.exec("BEGIN IMMEDIATE", "starting a write transaction"); }
+  ~WriteTransaction() {
+    if (!sqlite3_get_autocommit(c_.get())) sqlite3_exec(c_.get(), "ROLLBACK", nullptr, nullptr, nullptr);
+  }
+  WriteTransaction(const WriteTransaction&) = delete;
+  WriteTransaction& operator=(const WriteTransaction&) = delete;
+  void commit() { c_.exec("COMMIT", "committing"); }
+
+ private:
+  Connection& c_;
+};
+
+// The first column of the first row of `sql` (0 when there is none).
+inline int64_t scalar(Connection& c, const std::string& sql) {
+  Statement s(c, sql, sql);
+  return s.step() ? s.integer(0) : 0;
+}
+
+}  // namespace cache_detail
+
+struct KernelCache::Impl {
+  std::string path;
+  bool read_only = false;
+  std::vector<std::string> notices;
+  std::unique_ptr<cache_detail::Connection> db;
+
+  // Checks the path, opens, moves a corrupt or foreign file aside, migrates.
+  void open();
+
+  void require_writable(const std::string& what) const {
+    if (read_only) throw CacheError(fmt::format("cache {} is open read-only: cannot {}", path, what));
+  }
+  // One public write: one transaction, rolled back when `body` throws.
+  template <class F>
+  void write(const std::string& what, F&& body) {
+    require_writable(what);
+    cache_detail::WriteTransaction tx(*db);
+    body();
+    tx.commit();
+  }
+
+  // Records a use for gc's least-recently-used order (best effort).
+  void touch(const std::string& hash);
+  // Deletes the binary row that failed its checksum and adds a notice.
+  void drop_bad_binary(const std::string& hash, const std::string& name, const std::vector<char>& cubin);
+};
+
+}  // namespace moeblaze
