@@ -4,6 +4,7 @@
 
 #include "cli/commands.hpp"
 #include "cuda_driver.hpp"
+#include "cache_keys.hpp"
 #include "layer_check.hpp"
 
 namespace moeblaze::cli {
@@ -30,6 +31,7 @@ void print_result(const LayerCheckResult& r, const LayerCheckOptions& o, bool js
   }
   fmt::print("{} on {}, T={}, mode {}, routing {}\n", r.layer, r.device, r.tokens, to_string(o.mode),
              o.layer.router == RouterKind::none ? to_string(o.routing) : "built-in router");
+  fmt::print("  kernels: {}\n", r.kernels);
   if (r.expert_counts_min_max.size() == 2)
     fmt::print("  tokens per expert: min {} max {}\n", r.expert_counts_min_max[0], r.expert_counts_min_max[1]);
   for (const auto& e : r.errors) {
@@ -54,7 +56,8 @@ Command check_command(const char* name, const char* help, bool backward) {
     std::string mode = "save-h", routing = "random";
     int samples = 256;
     unsigned long long seed = 1;
-    bool json = false, accumulate = false;
+    bool json = false, accumulate = false, tuned = false;
+    std::string db;
   };
   auto st = std::make_shared<State>();
   Command c;
@@ -68,6 +71,8 @@ Command check_command(const char* name, const char* help, bool backward) {
     st->app->add_option("--seed", st->seed, "random seed")->capture_default_str();
     if (backward) st->app->add_flag("--accumulate-fp32", st->accumulate, "weight gradients added into fp32 buffers");
     st->app->add_flag("--json", st->json, "machine-readable output");
+    st->app->add_flag("--tuned", st->tuned, "use the tuned kernels of the cache (else default tiles)");
+    st->app->add_option("--db", st->db, "cache file for --tuned");
   };
   c.selected = [st] { return st->app->parsed(); };
   c.run = [st, backward] {
@@ -84,6 +89,13 @@ Command check_command(const char* name, const char* help, bool backward) {
     o.backward = backward;
     o.accumulate_fp32 = st->accumulate;
     DeviceContext ctx(0);  // throws NoGpu with the reason when there is none
+    std::unique_ptr<KernelCache> cache;
+    if (st->tuned) {
+      cache = std::make_unique<KernelCache>(st->db.empty() ? KernelCache::default_path() : st->db);
+      for (const auto& n : cache->notices()) fmt::print(stderr, "note: {}\n", n);
+      o.cache = cache.get();
+      o.policy = measurement_policy(o.layer.router == RouterKind::none ? st->routing : "router");
+    }
     const LayerCheckResult r = run_layer_check(o);
     print_result(r, o, st->json);
     return r.passed(o.tolerance) ? 0 : 1;

@@ -9,6 +9,9 @@
 #include <set>
 
 #include "host_data.hpp"
+#include "kernel_loader.hpp"
+
+#include <optional>
 #include "reference/reference.hpp"
 
 namespace moeblaze {
@@ -169,9 +172,24 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
   MB_CU(drv.cuDeviceGetAttribute(&cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
   MB_CU(drv.cuDeviceGetAttribute(&cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
   const std::string arch = cc_major == 9 && cc_minor == 0 ? "sm_90a" : fmt::format("sm_{}{}", cc_major, cc_minor);
-  const MoeLayer layer = MoeLayer::build(l, arch);
-
   LayerCheckResult res;
+  std::optional<MoeLayer> built;
+  if (o.cache) {
+    DeviceContext dc(0);
+    LoadOptions lo;
+    lo.tokens = T;
+    lo.policy = o.policy;
+    LoadReport lr;
+    built.emplace(std::make_shared<KernelSet>(load_kernels(l, dc.info(), o.cache, lo, &lr)));
+    res.kernels = lr.summary();
+    for (const auto& k : lr.kernels)
+      if (k.tile_source != TileSource::default_tile) res.kernels += fmt::format("; {} {}", to_string(k.family), k.tile.to_string());
+  } else {
+    built.emplace(MoeLayer::build(l, arch));
+    res.kernels = "default tiles, compiled now";
+  }
+  const MoeLayer& layer = *built;
+
   res.layer = l.describe();
   res.device = dev_name;
   res.tokens = T;

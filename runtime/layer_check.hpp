@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/kernel_cache.hpp"
 #include "moe_layer.hpp"
 
 namespace moeblaze {
@@ -32,6 +33,9 @@ struct LayerCheckOptions {
   int sample_experts = 3;   // experts whose weight gradients are compared
   double tolerance = 1e-2;
   bool accumulate_fp32 = false;  // weight gradients into fp32 buffers (added to their contents)
+  // Kernels from this cache (tuned tiles, cached binaries) instead of the default tiles.
+  KernelCache* cache = nullptr;
+  std::string policy;  // tuning policy for the lookup (measurement_policy)
 };
 
 struct ErrorLine {
@@ -53,6 +57,7 @@ struct LayerCheckResult {
   MemoryPlan plan;
   size_t peak_bytes = 0;  // saved + larger scratch + y + dx (weights, grads and x excluded)
   std::vector<int64_t> expert_counts_min_max;  // min, max tokens per expert
+  std::string kernels;                         // which kernels ran (load report)
   double max_error() const;
   bool passed(double tolerance) const;
 };
