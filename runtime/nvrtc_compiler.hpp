@@ -52,7 +52,7 @@ std::string nvrtc_version();
 ResourceReport parse_resource_report(const std::string& log, const std::string& kernel_name);
 
 // 64-bit FNV-1a, the hash used for template and cache keys.
-unsigned long long fnv1a64(const std::string& text, unsigned long long seed = 1469598103934665603ull);
+unsigned long long fnv1a64(const std::string& text, unsigned long long seed = 14695981039346656037ull);  // FNV-1a 64 offset basis
 
 // Hash of every embedded template header (names and contents): changes whenever any
 // kernel template changes.

@@ -209,3 +209,9 @@ TEST_CASE("tuner: baselines round-trip and regressions are judged beyond the noi
   }
   CHECK_THROWS_AS(read_baseline((dir.path / "bad.json").string()), InvalidArgument);
 }
+
+TEST_CASE("tuner: the runtime's hash is standard FNV-1a 64 and agrees with the cache keys") {
+  CHECK(fnv1a64("") == 14695981039346656037ull);
+  CHECK(fnv1a64("a") == 0xaf63dc4c8601ec8cull);  // published FNV-1a test vector
+  CHECK(key_hash("a") == "af63dc4c8601ec8c");
+}
