@@ -1,12 +1,14 @@
 #include "host_data.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 #include <thread>
 
 namespace moeblaze {
 
-void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(std::thread::hardware_concurrency(), n / 4096 + 1));
+void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain) {
+  const int64_t threads =
+      std::max<int64_t>(1, std::min<int64_t>(std::thread::hardware_concurrency(), n / std::max<int64_t>(grain, 1)));
   if (threads == 1) {
     fn(0, n);
     return;
@@ -38,6 +40,46 @@ void fill_uniform(std::vector<bf16>& v, float scale, uint64_t seed) {
 void fill_uniform(std::vector<float>& v, float lo, float hi, uint64_t seed) {
   parallel_for(static_cast<int64_t>(v.size()), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) v[i] = static_cast<float>(lo + (hi - lo) * unit_double(seed, i));
+  });
+}
+
+void draw_routing(const std::string& dist, int64_t T, int E, int K, uint64_t seed, std::vector<int32_t>& ids,
+                  std::vector<float>& gates) {
+  if (dist != "random" && dist != "skewed" && dist != "balanced" && dist != "one-hot")
+    throw std::invalid_argument("routing: '" + dist + "' is not one of random, skewed, balanced, one-hot");
+  ids.assign(T * K, 0);
+  gates.assign(T * K, 0.f);
+  const int hot = std::max(1, E / 16);
+  parallel_for(T, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      uint64_t draw = 0;
+      for (int j = 0; j < K; ++j) {
+        int pick = 0;
+        if (dist == "balanced") {
+          pick = static_cast<int>((t * K + j) % E);
+        } else if (dist == "one-hot") {
+          pick = j;
+        } else {
+          for (;;) {  // rejection: K distinct experts
+            const double u = unit_double(seed, static_cast<uint64_t>(t) * 1000 + draw++);
+            if (dist == "skewed" && E > hot) {
+              const double x = u * (4.0 * hot + (E - hot));  // hot experts weigh 4, the others 1
+              pick = std::min(E - 1, x < 4.0 * hot ? static_cast<int>(x / 4.0) : hot + static_cast<int>(x - 4.0 * hot));
+            } else {
+              pick = static_cast<int>(u * E);
+            }
+            bool seen = false;
+            for (int i = 0; i < j; ++i) seen |= ids[t * K + i] == pick;
+            if (!seen) break;
+          }
+        }
+        ids[t * K + j] = pick;
+        gates[t * K + j] = static_cast<float>(0.1 + unit_double(seed ^ 0x5bd1e995, t * K + j));
+      }
+      float s = 0.f;
+      for (int j = 0; j < K; ++j) s += gates[t * K + j];
+      for (int j = 0; j < K; ++j) gates[t * K + j] /= s;
+    }
   });
 }
 

@@ -3,14 +3,22 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "bf16.hpp"
 
 namespace moeblaze {
 
-// Runs fn(begin, end) over [0, n) split across hardware threads.
-void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
+// Runs fn(begin, end) over [0, n) split across hardware threads, at least `grain` items
+// per thread.
+void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain = 4096);
+
+// Caller-side routing for tests and timing: K distinct experts per token, positive gates
+// summing to 1. dist: "random" (uniform), "skewed" (E/16 hot experts, at least 1, carry
+// 4x the mean load), "balanced" (token t picks (t*K + j) mod E), "one-hot" (experts 0..K-1).
+void draw_routing(const std::string& dist, int64_t T, int E, int K, uint64_t seed, std::vector<int32_t>& ids,
+                  std::vector<float>& gates);
 
 // Uniform in [-scale, scale), never exactly zero in distribution (bf16 rounding aside).
 void fill_uniform(std::vector<bf16>& v, float scale, uint64_t seed);

@@ -35,49 +35,6 @@ std::vector<T> download_ptr(CUdeviceptr p, size_t count) {
   return v;
 }
 
-// Draws caller-side routing: K distinct experts per token and positive gates summing to 1.
-void draw_routing(RoutingDistribution dist, int64_t T, int E, int K, uint64_t seed, std::vector<int32_t>& ids,
-                  std::vector<float>& gates) {
-  ids.assign(T * K, 0);
-  gates.assign(T * K, 0.f);
-  const int hot = std::max(1, E / 16);
-  parallel_for(T, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      uint64_t draw = 0;
-      for (int j = 0; j < K; ++j) {
-        int pick = 0;
-        switch (dist) {
-          case RoutingDistribution::balanced: pick = static_cast<int>((t * K + j) % E); break;
-          case RoutingDistribution::one_hot: pick = j; break;
-          case RoutingDistribution::random:
-          case RoutingDistribution::skewed:
-            for (;;) {
-              const double u = unit_double(seed, static_cast<uint64_t>(t) * 1000 + draw++);
-              if (dist == RoutingDistribution::skewed && E > hot) {
-                // Hot experts weigh 4, the others 1.
-                const double total = 4.0 * hot + (E - hot);
-                const double x = u * total;
-                pick = x < 4.0 * hot ? static_cast<int>(x / 4.0) : hot + static_cast<int>(x - 4.0 * hot);
-                pick = std::min(pick, E - 1);
-              } else {
-                pick = static_cast<int>(u * E);
-              }
-              bool seen = false;
-              for (int i = 0; i < j; ++i) seen |= ids[t * K + i] == pick;
-              if (!seen) break;
-            }
-            break;
-        }
-        ids[t * K + j] = pick;
-        gates[t * K + j] = static_cast<float>(0.1 + unit_double(seed ^ 0x5bd1e995, t * K + j));
-      }
-      float s = 0.f;
-      for (int j = 0; j < K; ++j) s += gates[t * K + j];
-      for (int j = 0; j < K; ++j) gates[t * K + j] /= s;
-    }
-  });
-}
-
 double rel_error_bf16(const std::vector<bf16>& got, const std::vector<double>& ref) {
   std::vector<double> g(got.size());
   for (size_t i = 0; i < got.size(); ++i) g[i] = to_float(got[i]);
@@ -214,7 +171,7 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
       fill_uniform(bias, -0.05f, 0.05f, s * 16 + 7);
     }
   } else {
-    draw_routing(o.routing, T, E, K, s * 16 + 8, ids_in, gates_in);
+    draw_routing(to_string(o.routing), T, E, K, s * 16 + 8, ids_in, gates_in);
   }
 
   // ---- device buffers ---------------------------------------------------------------------

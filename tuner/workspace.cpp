@@ -45,36 +45,10 @@ TimingWorkspace::TimingWorkspace(const LayerConfig& layer_in, int64_t T, const s
   if (layer.router != RouterKind::none) {
     wr = random_bf16(size_t(E) * d, std::sqrt(3.f / d), seed * 100 + 93);
   } else {
-    // Caller routing drawn on the host: K distinct experts per token.
-    std::vector<int32_t> hid(T * K);
-    std::vector<float> hg(T * K);
-    const int hot = std::max(1, E / 16);
-    parallel_for(T, [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) {
-        uint64_t draw = 0;
-        for (int j = 0; j < K; ++j) {
-          int pick;
-          if (routing == "balanced") {
-            pick = static_cast<int>((t * K + j) % E);
-          } else {
-            for (;;) {
-              const double u = unit_double(seed * 100 + 94, static_cast<uint64_t>(t) * 1000 + draw++);
-              if (routing == "skewed" && E > hot) {
-                const double xw = u * (4.0 * hot + (E - hot));
-                pick = std::min(E - 1, xw < 4.0 * hot ? static_cast<int>(xw / 4.0) : hot + static_cast<int>(xw - 4.0 * hot));
-              } else {
-                pick = static_cast<int>(u * E);
-              }
-              bool seen = false;
-              for (int i = 0; i < j; ++i) seen |= hid[t * K + i] == pick;
-              if (!seen) break;
-            }
-          }
-          hid[t * K + j] = pick;
-          hg[t * K + j] = 1.f / K;
-        }
-      }
-    });
+    // Caller routing drawn on the host (the same draw as the layer check).
+    std::vector<int32_t> hid;
+    std::vector<float> hg;
+    draw_routing(routing, T, E, K, seed * 100 + 94, hid, hg);
     ids = DeviceBuffer(hid.size() * 4);
     ids.upload(hid.data(), ids.size());
     gates = DeviceBuffer(hg.size() * 4);

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
-#include <thread>
 
+#include "host_data.hpp"
 #include "reference.hpp"
 
 namespace moeblaze::reference {
@@ -63,14 +63,7 @@ ExpertGrads expert_weight_grad_rows(const ExpertWeights& w, const bf16* x, const
       }
     }
   };
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(std::thread::hardware_concurrency(), R));
-  std::vector<std::thread> pool;
-  const int64_t chunk = (R + threads - 1) / threads;
-  for (int64_t t = 0; t < threads; ++t) {
-    const int64_t b = t * chunk, e = std::min(R, b + chunk);
-    if (b < e) pool.emplace_back(work, b, e);
-  }
-  for (auto& t : pool) t.join();
+  parallel_for(R, work, 1);
   return g;
 }
 
