@@ -20,6 +20,12 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
+# pytest for the Python package's tests (PyPI).
+if ! python3 -c "import pytest" >/dev/null 2>&1; then
+  echo "setup: installing pytest"
+  python3 -m pip install -q pytest
+fi
+
 CUDA_ROOT=${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}
 if [ ! -f "$CUDA_ROOT/include/cuda_bf16.h" ]; then
   echo "setup: the CUDA 13 toolkit was not found at $CUDA_ROOT (set CUDA_HOME)" >&2

@@ -1,0 +1,16 @@
+"""moeblaze: MoE layer kernels for Hopper GPUs, generated per shape, NVRTC-compiled, tuned and
+cached. `moeblaze.torch` holds the PyTorch layer; this module is the torch-free core."""
+from ._capi import (InvalidArgument, MoeblazeError, NoGpu, describe, gpu_available, library_path, make_config,
+                    plan_memory)
+from ._capi import lib as _lib
+
+__version__ = _lib.mb_version().decode()
+
+__all__ = ["InvalidArgument", "MoeblazeError", "NoGpu", "describe", "gpu_available", "library_path",
+           "make_config", "plan_memory", "tune", "__version__"]
+
+
+def tune(model, tokens=None, cache_path=None, budget_s=300.0):
+    """Tunes every moeblaze.torch.MoE layer of `model` (see moeblaze.torch.tune)."""
+    from .torch import tune as _tune
+    return _tune(model, tokens, cache_path, budget_s)

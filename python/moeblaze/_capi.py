@@ -1,0 +1,183 @@
+"""ctypes binding of the moeblaze C ABI (runtime/c_api.h).
+
+The shared library is looked up in this order: $MOEBLAZE_LIBRARY, the package folder
+(pip install), the repository's build/lib (a source checkout)."""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+ABI_VERSION = 1
+
+# Codes of runtime/c_api.h
+OK, ERR_INVALID_ARGUMENT, ERR_NO_GPU, ERR_CUDA, ERR_COMPILE, ERR_CACHE, ERR_OTHER = range(7)
+DTYPES = {"bf16": 0, "f32": 1, "i32": 2}
+ACTIVATIONS = {"swiglu": 0, "geglu": 1, "silu": 2, "gelu": 3, "relu": 4}
+ROUTERS = {None: 0, "none": 0, "softmax": 1, "sigmoid": 2}
+MODES = {"save-h": 0, "recompute": 1}
+
+
+class MoeblazeError(RuntimeError):
+    """A failure inside the library (CUDA, NVRTC, cache, ...)."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class InvalidArgument(ValueError):
+    """A bad argument; `argument` names it."""
+
+    def __init__(self, argument: str, message: str):
+        super().__init__(message)
+        self.argument = argument
+
+
+class NoGpu(MoeblazeError):
+    pass
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("ptr", ctypes.c_uint64), ("dtype", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("shape", ctypes.c_int64 * 4)]
+
+
+class LayerConfig(ctypes.Structure):
+    _fields_ = [("experts", ctypes.c_int32), ("topk", ctypes.c_int32), ("hidden", ctypes.c_int32),
+                ("ffn", ctypes.c_int32), ("activation", ctypes.c_int32), ("router", ctypes.c_int32),
+                ("renormalize", ctypes.c_int32), ("route_scale", ctypes.c_float)]
+
+
+class MemoryPlan(ctypes.Structure):
+    _fields_ = [("saved_bytes", ctypes.c_uint64), ("forward_scratch_bytes", ctypes.c_uint64),
+                ("backward_scratch_bytes", ctypes.c_uint64), ("h_floor_bytes", ctypes.c_uint64),
+                ("index_bytes", ctypes.c_uint64)]
+
+
+_FWD_TENSORS = ["x", "topk_ids", "topk_weights", "w_router", "router_bias", "w1", "w3", "w2", "y", "gates_out"]
+_BWD_TENSORS = ["dy", "x", "topk_weights", "w_router", "router_bias", "w1", "w3", "w2",
+                "dx", "dw1", "dw3", "dw2", "d_topk_weights", "dw_router"]
+
+
+class ForwardArgs(ctypes.Structure):
+    _fields_ = [(n, Tensor) for n in _FWD_TENSORS] + [
+        ("mode", ctypes.c_int32), ("check_routing", ctypes.c_int32), ("saved", ctypes.c_uint64),
+        ("saved_bytes", ctypes.c_uint64), ("scratch", ctypes.c_uint64), ("scratch_bytes", ctypes.c_uint64)]
+
+
+class BackwardArgs(ctypes.Structure):
+    _fields_ = [(n, Tensor) for n in _BWD_TENSORS] + [
+        ("scratch", ctypes.c_uint64), ("scratch_bytes", ctypes.c_uint64)]
+
+
+class State(ctypes.Structure):
+    _fields_ = [("layer", LayerConfig), ("tokens", ctypes.c_int64), ("mode", ctypes.c_int32),
+                ("complete", ctypes.c_int32), ("layer_id", ctypes.c_uint64), ("saved", ctypes.c_uint64),
+                ("saved_bytes", ctypes.c_uint64)] + [
+        (n, ctypes.c_uint64) for n in ["expert_token_indices", "expert_token_offsets", "token_expert_indices",
+                                        "token_index_map", "tile_prefix", "expert_counts", "status", "H"]]
+
+
+def _candidates():
+    env = os.environ.get("MOEBLAZE_LIBRARY")
+    if env:
+        yield Path(env)
+    here = Path(__file__).resolve().parent
+    yield here / "libmoeblaze_c.so"
+    yield here.parent.parent / "build" / "lib" / "libmoeblaze_c.so"
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        tried.append(str(path))
+        if path.is_file():
+            lib = ctypes.CDLL(str(path))
+            break
+    else:
+        raise ImportError("moeblaze: libmoeblaze_c.so not found (looked at: " + ", ".join(tried) +
+                          "); install the package with pip or set MOEBLAZE_LIBRARY")
+    c = ctypes
+    P = c.POINTER
+    sig = {
+        "mb_version": ([], c.c_char_p), "mb_abi_version": ([], c.c_int),
+        "mb_last_error": ([], c.c_char_p), "mb_last_error_argument": ([], c.c_char_p),
+        "mb_gpu_available": ([], c.c_int),
+        "mb_config_validate": ([P(LayerConfig)], c.c_int),
+        "mb_config_describe": ([P(LayerConfig), c.c_char_p, c.c_size_t], c.c_int),
+        "mb_plan_memory": ([P(LayerConfig), c.c_int64, c.c_int32, P(MemoryPlan)], c.c_int),
+        "mb_validate_forward": ([P(LayerConfig), P(ForwardArgs)], c.c_int),
+        "mb_validate_backward": ([P(LayerConfig), P(State), P(BackwardArgs)], c.c_int),
+        "mb_layer_create": ([P(LayerConfig), c.c_int32, c.c_char_p, c.c_int64, P(c.c_void_p)], c.c_int),
+        "mb_layer_destroy": ([c.c_void_p], None),
+        "mb_layer_plan_memory": ([c.c_void_p, c.c_int64, c.c_int32, P(MemoryPlan)], c.c_int),
+        "mb_layer_report": ([c.c_void_p, c.c_char_p, c.c_size_t], c.c_int),
+        "mb_layer_forward": ([c.c_void_p, P(ForwardArgs), c.c_uint64, P(State)], c.c_int),
+        "mb_layer_backward": ([c.c_void_p, P(State), P(BackwardArgs), c.c_uint64], c.c_int),
+        "mb_tune": ([P(LayerConfig), P(c.c_int64), c.c_int32, c.c_char_p, c.c_double, c.c_char_p, c.c_size_t],
+                    c.c_int),
+    }
+    for name, (args, res) in sig.items():
+        fn = getattr(lib, name)
+        fn.argtypes = args
+        fn.restype = res
+    if lib.mb_abi_version() != ABI_VERSION:
+        raise ImportError(f"moeblaze: {path} has C ABI {lib.mb_abi_version()}, this package needs {ABI_VERSION}")
+    return lib, path
+
+
+lib, library_path = _load()
+
+
+def check(code: int) -> None:
+    """Raises the Python exception for a C status code."""
+    if code == OK:
+        return
+    msg = lib.mb_last_error().decode()
+    if code == ERR_INVALID_ARGUMENT:
+        raise InvalidArgument(lib.mb_last_error_argument().decode(), msg)
+    if code == ERR_NO_GPU:
+        raise NoGpu(code, msg)
+    raise MoeblazeError(code, msg)
+
+
+def make_config(experts: int, topk: int, hidden: int, ffn: int, activation: str = "swiglu",
+                router: str | None = "softmax", renormalize: bool = False, route_scale: float = 1.0) -> LayerConfig:
+    if activation not in ACTIVATIONS:
+        raise InvalidArgument("activation", f"activation: '{activation}' is not one of {sorted(ACTIVATIONS)}")
+    if router not in ROUTERS:
+        raise InvalidArgument("router", f"router: '{router}' is not one of softmax, sigmoid, None")
+    cfg = LayerConfig(int(experts), int(topk), int(hidden), int(ffn), ACTIVATIONS[activation], ROUTERS[router],
+                      int(bool(renormalize)), float(route_scale))
+    check(lib.mb_config_validate(ctypes.byref(cfg)))
+    return cfg
+
+
+def describe(cfg: LayerConfig) -> str:
+    buf = ctypes.create_string_buffer(512)
+    check(lib.mb_config_describe(ctypes.byref(cfg), buf, len(buf)))
+    return buf.value.decode()
+
+
+def plan_memory(cfg: LayerConfig, tokens: int, mode: str = "save-h") -> MemoryPlan:
+    if mode not in MODES:
+        raise InvalidArgument("checkpoint", f"checkpoint: '{mode}' is not one of save-h, recompute")
+    out = MemoryPlan()
+    check(lib.mb_plan_memory(ctypes.byref(cfg), int(tokens), MODES[mode], ctypes.byref(out)))
+    return out
+
+
+def tensor(ptr: int, dtype: str, shape) -> Tensor:
+    shape = tuple(int(s) for s in shape)
+    t = Tensor()
+    t.ptr = int(ptr)
+    t.dtype = DTYPES[dtype]
+    t.ndim = len(shape)
+    for i, s in enumerate(shape):
+        t.shape[i] = s
+    return t
+
+
+def gpu_available() -> bool:
+    return bool(lib.mb_gpu_available())

@@ -1,0 +1,76 @@
+"""Pure-PyTorch MoE, the Hugging Face style loop over experts: the reference the binding's
+tests compare against (same weights, same layouts), and a baseline for the benchmark."""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def activation(name: str, a: Tensor) -> Tensor:
+    if name in ("swiglu", "silu"):
+        return F.silu(a)
+    if name in ("geglu", "gelu"):
+        return F.gelu(a, approximate="tanh")
+    if name == "relu":
+        return F.relu(a)
+    raise ValueError(f"activation: unknown '{name}'")
+
+
+def route(x: Tensor, w_router: Tensor, top_k: int, router: str = "softmax", renormalize: bool = False,
+          route_scale: float = 1.0, bias: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """(topk_ids int32 [T,K], gates f32 [T,K]) as moeblaze's built-in router defines them."""
+    logits = (x.float() @ w_router.float().t())
+    if router == "softmax":
+        scores = logits.softmax(-1)
+        key = scores
+    else:
+        scores = logits.sigmoid()
+        key = scores + (bias.float() if bias is not None else 0)
+    _, ids = key.topk(top_k, dim=-1)
+    gates = scores.gather(-1, ids)
+    if renormalize:
+        gates = gates / gates.sum(-1, keepdim=True)
+    return ids.int(), gates * route_scale
+
+
+def moe(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor,
+        act: str = "swiglu") -> Tensor:
+    """y = sum_j g_tj * expert_{e_tj}(x_t), computed per expert with masks and index_add in
+    float32 (inputs upcast), differentiable in every input."""
+    T, d = x.shape
+    E = w1.shape[0]
+    xf = x.float()
+    y = torch.zeros(T, d, dtype=torch.float32, device=x.device)
+    for e in range(E):
+        tok, slot = (topk_ids == e).nonzero(as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        xe = xf[tok]
+        a = xe @ w1[e].float().t()
+        h = activation(act, a) * (xe @ w3[e].float().t()) if w3 is not None else activation(act, a)
+        o = h @ w2[e].float().t()
+        y = y.index_add(0, tok, o * topk_weights[tok, slot].float().unsqueeze(-1))
+    return y
+
+
+class ReferenceMoE(torch.nn.Module):
+    """The same layer as moeblaze.torch.MoE, in plain PyTorch (float32 math on bf16 weights)."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, hidden_states: Tensor, topk_ids: Optional[Tensor] = None,
+                topk_weights: Optional[Tensor] = None) -> Tensor:
+        m = self.layer
+        lead = hidden_states.shape[:-1]
+        x = hidden_states.reshape(-1, hidden_states.shape[-1])
+        if m.router is not None:
+            topk_ids, topk_weights = route(x, m.gate.weight, m.cfg[1], m.router, bool(m.cfg[6]), m.route_scale,
+                                           m.e_score_correction_bias)
+        y = moe(x, topk_ids, topk_weights, m.w1, m.w3, m.w2, m.activation)
+        return y.to(hidden_states.dtype).reshape(*lead, -1)

@@ -1,0 +1,326 @@
+"""moeblaze for PyTorch: the MoE layer as an autograd function over the C ABI.
+
+- `moe(...)`: functional form (caller's routing or the built-in router).
+- `MoE(...)`: nn.Module with weights in the Hugging Face layout (w1/w3 [E, n, d], w2 [E, d, n]).
+- Both run as torch.library custom ops ("moeblaze::forward", "moeblaze::backward"): opaque to
+  torch.compile, on the current CUDA stream, with saved state and scratch allocated through
+  torch (its memory accounting sees them; autograd frees them), and without host syncs, so a
+  step can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _capi as C
+from ._validate import TensorInfo, check_moe_args
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32", torch.int32: "i32"}
+_STATE_BYTES = ctypes.sizeof(C.State)
+
+
+def _info(t: Optional[Tensor]) -> Optional[TensorInfo]:
+    if t is None:
+        return None
+    return TensorInfo(_DTYPES.get(t.dtype, str(t.dtype).replace("torch.", "")), t.device.type,
+                      t.device.index if t.device.index is not None else 0, tuple(t.shape), t.is_contiguous(),
+                      t.data_ptr())
+
+
+def _ref(t: Optional[Tensor]) -> C.Tensor:
+    return C.Tensor() if t is None or t.numel() == 0 else C.tensor(t.data_ptr(), _DTYPES[t.dtype], t.shape)
+
+
+def _config(cfg: Sequence[int], route_scale: float) -> C.LayerConfig:
+    return C.LayerConfig(*[int(v) for v in cfg[:7]], float(route_scale))
+
+
+# One loaded layer per (config, device, token bucket): kernels come tuned from the cache.
+_layers: dict = {}
+
+
+def _bucket(tokens: int) -> int:
+    b = 1
+    while b < tokens:
+        b <<= 1
+    return b
+
+
+def _layer(cfg: C.LayerConfig, device: int, tokens: int):
+    key = (tuple(getattr(cfg, f) for f, _ in C.LayerConfig._fields_), device, _bucket(tokens))
+    h = _layers.get(key)
+    if h is None:
+        h = ctypes.c_void_p()
+        C.check(C.lib.mb_layer_create(ctypes.byref(cfg), device, None, tokens, ctypes.byref(h)))
+        _layers[key] = h
+    return h
+
+
+def layer_report(cfg: Sequence[int], route_scale: float, device: int, tokens: int) -> str:
+    """Which kernels (tuned or default, cached or compiled) a shape runs with."""
+    c = _config(cfg, route_scale)
+    buf = ctypes.create_string_buffer(4096)
+    C.check(C.lib.mb_layer_report(_layer(c, device, tokens), buf, len(buf)))
+    return buf.value.decode()
+
+
+def _empty(dtype=torch.float32, device="cuda") -> Tensor:
+    return torch.empty(0, dtype=dtype, device=device)
+
+
+@torch.library.custom_op("moeblaze::forward", mutates_args=(), device_types="cuda")
+def _forward(x: Tensor, topk_ids: Optional[Tensor], topk_weights: Optional[Tensor], w_router: Optional[Tensor],
+             router_bias: Optional[Tensor], w1: Tensor, w3: Optional[Tensor], w2: Tensor, cfg: List[int],
+             route_scale: float, mode: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Returns y [T,d], saved state (uint8), the forward state (uint8, host), tokens per
+    expert (int32 [E]) and the built-in router's gates (f32 [T,K], empty otherwise)."""
+    c = _config(cfg, route_scale)
+    T = check_moe_args(c, _info(x), _info(topk_ids), _info(topk_weights), _info(w_router), _info(router_bias),
+                       _info(w1), _info(w3), _info(w2))
+    dev = x.device.index if x.device.index is not None else 0
+    h = _layer(c, dev, T)
+    plan = C.MemoryPlan()
+    C.check(C.lib.mb_layer_plan_memory(h, T, mode, ctypes.byref(plan)))
+    saved = torch.empty(plan.saved_bytes, dtype=torch.uint8, device=x.device)
+    scratch = torch.empty(plan.forward_scratch_bytes, dtype=torch.uint8, device=x.device)
+    y = torch.empty_like(x)
+    gates = torch.empty(T, c.topk, dtype=torch.float32, device=x.device) if c.router else _empty(device=x.device)
+    a = C.ForwardArgs()
+    for name, t in (("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights), ("w_router", w_router),
+                    ("router_bias", router_bias), ("w1", w1), ("w3", w3), ("w2", w2), ("y", y)):
+        setattr(a, name, _ref(t))
+    if c.router:
+        a.gates_out = _ref(gates)
+    a.mode = mode
+    a.saved, a.saved_bytes = saved.data_ptr(), plan.saved_bytes
+    a.scratch, a.scratch_bytes = scratch.data_ptr(), plan.forward_scratch_bytes
+    st = C.State()
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    C.check(C.lib.mb_layer_forward(h, ctypes.byref(a), stream, ctypes.byref(st)))
+    state = torch.empty(_STATE_BYTES, dtype=torch.uint8)
+    ctypes.memmove(state.data_ptr(), ctypes.addressof(st), _STATE_BYTES)
+    off = st.expert_counts - saved.data_ptr()
+    counts = saved[off:off + 4 * c.experts].view(torch.int32).clone()
+    return y, saved, state, counts, gates
+
+
+@_forward.register_fake
+def _(x, topk_ids, topk_weights, w_router, router_bias, w1, w3, w2, cfg, route_scale, mode):
+    T = x.shape[0]
+    plan = C.plan_memory(_config(cfg, route_scale), T, "save-h" if mode == 0 else "recompute")
+    gates = x.new_empty((T, cfg[1]), dtype=torch.float32) if cfg[5] else x.new_empty((0,), dtype=torch.float32)
+    return (torch.empty_like(x), x.new_empty((plan.saved_bytes,), dtype=torch.uint8),
+            torch.empty(_STATE_BYTES, dtype=torch.uint8), x.new_empty((cfg[0],), dtype=torch.int32), gates)
+
+
+@torch.library.custom_op("moeblaze::backward", mutates_args=(), device_types="cuda")
+def _backward(dy: Tensor, x: Tensor, topk_weights: Optional[Tensor], w_router: Optional[Tensor],
+              router_bias: Optional[Tensor], w1: Tensor, w3: Optional[Tensor], w2: Tensor, saved: Tensor,
+              state: Tensor, cfg: List[int], route_scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Returns dx, dw1, dw3 (empty if plain), dw2, d_topk_weights (empty with the built-in
+    router), dw_router (empty without it)."""
+    c = _config(cfg, route_scale)
+    st = C.State()
+    ctypes.memmove(ctypes.addressof(st), state.data_ptr(), _STATE_BYTES)
+    T = int(st.tokens)
+    if tuple(dy.shape) != (T, c.hidden):
+        raise C.InvalidArgument("dy", f"dy: has shape {list(dy.shape)}, expected {[T, c.hidden]}")
+    dev = x.device.index if x.device.index is not None else 0
+    h = _layer(c, dev, T)
+    plan = C.MemoryPlan()
+    C.check(C.lib.mb_layer_plan_memory(h, T, st.mode, ctypes.byref(plan)))
+    scratch = torch.empty(plan.backward_scratch_bytes, dtype=torch.uint8, device=x.device)
+    dx = torch.empty_like(x)
+    dw1 = torch.empty_like(w1)
+    dw3 = torch.empty_like(w3) if w3 is not None else _empty(torch.bfloat16, x.device)
+    dw2 = torch.empty_like(w2)
+    dtw = torch.empty(T, c.topk, dtype=torch.float32, device=x.device) if not c.router else _empty(device=x.device)
+    dwr = torch.empty_like(w_router) if w_router is not None else _empty(torch.bfloat16, x.device)
+    b = C.BackwardArgs()
+    for name, t in (("dy", dy), ("x", x), ("topk_weights", topk_weights), ("w_router", w_router),
+                    ("router_bias", router_bias), ("w1", w1), ("w3", w3), ("w2", w2), ("dx", dx), ("dw1", dw1),
+                    ("dw3", dw3), ("dw2", dw2), ("d_topk_weights", dtw), ("dw_router", dwr)):
+        setattr(b, name, _ref(t))
+    b.scratch, b.scratch_bytes = scratch.data_ptr(), plan.backward_scratch_bytes
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    C.check(C.lib.mb_layer_backward(h, ctypes.byref(st), ctypes.byref(b), stream))
+    return dx, dw1, dw3, dw2, dtw, dwr
+
+
+@_backward.register_fake
+def _(dy, x, topk_weights, w_router, router_bias, w1, w3, w2, saved, state, cfg, route_scale):
+    empty_f = x.new_empty((0,), dtype=torch.float32)
+    empty_b = x.new_empty((0,))
+    return (torch.empty_like(x), torch.empty_like(w1), torch.empty_like(w3) if w3 is not None else empty_b,
+            torch.empty_like(w2), x.new_empty((x.shape[0], cfg[1]), dtype=torch.float32) if not cfg[5] else empty_f,
+            torch.empty_like(w_router) if w_router is not None else empty_b)
+
+
+def _setup_context(ctx, inputs, output):
+    x, topk_ids, topk_weights, w_router, router_bias, w1, w3, w2, cfg, route_scale, mode = inputs
+    _, saved, state, _, _ = output
+    ctx.save_for_backward(x, topk_weights, w_router, router_bias, w1, w3, w2, saved, state)
+    ctx.cfg, ctx.route_scale = cfg, route_scale
+
+
+def _autograd_backward(ctx, dy, _dsaved, _dstate, _dcounts, _dgates):
+    x, topk_weights, w_router, router_bias, w1, w3, w2, saved, state = ctx.saved_tensors
+    dx, dw1, dw3, dw2, dtw, dwr = _backward(dy.contiguous(), x, topk_weights, w_router, router_bias, w1, w3, w2,
+                                            saved, state, ctx.cfg, ctx.route_scale)
+    return (dx, None, dtw if topk_weights is not None else None, dwr if w_router is not None else None, None, dw1,
+            dw3 if w3 is not None else None, dw2, None, None, None)
+
+
+torch.library.register_autograd("moeblaze::forward", _autograd_backward, setup_context=_setup_context)
+
+
+class MoEOutput(NamedTuple):
+    y: Tensor              # [T, d] (or the input's leading shape)
+    expert_counts: Tensor  # int32 [E]: tokens routed to each expert (for load-balancing losses)
+    gates: Tensor          # f32 [T, K]: the built-in router's gates (empty with caller routing)
+
+
+def _cfg_list(experts, topk, hidden, ffn, activation, router, renormalize) -> List[int]:
+    if activation not in C.ACTIVATIONS:
+        raise C.InvalidArgument("activation", f"activation: '{activation}' is not one of {sorted(C.ACTIVATIONS)}")
+    if router not in C.ROUTERS:
+        raise C.InvalidArgument("router", f"router: '{router}' is not one of softmax, sigmoid, None")
+    return [int(experts), int(topk), int(hidden), int(ffn), C.ACTIVATIONS[activation], C.ROUTERS[router],
+            int(bool(renormalize))]
+
+
+def moe(x: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor, *, topk_ids: Optional[Tensor] = None,
+        topk_weights: Optional[Tensor] = None, w_router: Optional[Tensor] = None, router: Optional[str] = None,
+        top_k: Optional[int] = None, router_bias: Optional[Tensor] = None, renormalize: bool = False,
+        route_scale: float = 1.0, activation: str = "swiglu", checkpoint: str = "save-h") -> MoEOutput:
+    """The MoE layer. Caller routing: topk_ids [T,K] int32 and topk_weights [T,K] float32 (the
+    gate gradient flows back to them, so the caller's router trains). Built-in router: w_router
+    [E,d], router="softmax" or "sigmoid" and top_k. x [T,d] bf16, w1/w3 [E,n,d], w2 [E,d,n] bf16."""
+    if checkpoint not in C.MODES:
+        raise C.InvalidArgument("checkpoint", f"checkpoint: '{checkpoint}' is not one of save-h, recompute")
+    if w1.dim() != 3:
+        raise C.InvalidArgument("w1", f"w1: must be [E, n, d], got shape {list(w1.shape)}")
+    E, n, d = w1.shape
+    if w_router is not None and router is None:
+        router = "softmax"
+    if topk_ids is not None:
+        if topk_ids.dim() != 2:
+            raise C.InvalidArgument("topk_ids", f"topk_ids: must be [T, K], got shape {list(topk_ids.shape)}")
+        K = topk_ids.shape[1]
+    elif top_k is not None:
+        K = top_k
+    else:
+        raise C.InvalidArgument("topk_ids", "topk_ids: pass the caller's picks, or top_k with the built-in router")
+    cfg = _cfg_list(E, K, d, n, activation, router, renormalize)
+    y, _, _, counts, gates = torch.ops.moeblaze.forward(x, topk_ids, topk_weights, w_router, router_bias, w1, w3,
+                                                        w2, cfg, float(route_scale), C.MODES[checkpoint])
+    return MoEOutput(y, counts, gates)
+
+
+class MoE(torch.nn.Module):
+    """MoE layer with weights in the Hugging Face layout: w1 (gate_proj) and w3 (up_proj)
+    [E, n, d], w2 (down_proj) [E, d, n], router `gate.weight` [E, d]. Input [..., d] bf16.
+    With router=None, forward takes topk_ids and topk_weights."""
+
+    def __init__(self, num_experts: int, top_k: int, hidden: int, ffn: int, activation: str = "swiglu",
+                 router: Optional[str] = "softmax", checkpoint: str = "save-h", renormalize: bool = False,
+                 route_scale: float = 1.0, device=None, dtype=torch.bfloat16):
+        super().__init__()
+        if dtype != torch.bfloat16:
+            raise C.InvalidArgument("dtype", "dtype: moeblaze runs bf16 weights")
+        if checkpoint not in C.MODES:
+            raise C.InvalidArgument("checkpoint", f"checkpoint: '{checkpoint}' is not one of save-h, recompute")
+        self.cfg = _cfg_list(num_experts, top_k, hidden, ffn, activation, router, renormalize)
+        C.make_config(num_experts, top_k, hidden, ffn, activation, router, renormalize, route_scale)  # validates
+        self.route_scale, self.checkpoint, self.activation, self.router = float(route_scale), checkpoint, activation, router
+        kw = dict(device=device, dtype=dtype)
+        self.w1 = torch.nn.Parameter(torch.empty(num_experts, ffn, hidden, **kw))
+        self.w3 = torch.nn.Parameter(torch.empty(num_experts, ffn, hidden, **kw)) if activation in ("swiglu", "geglu") else None
+        self.w2 = torch.nn.Parameter(torch.empty(num_experts, hidden, ffn, **kw))
+        self.gate = torch.nn.Linear(hidden, num_experts, bias=False, **kw) if router else None
+        if router == "sigmoid":
+            self.register_buffer("e_score_correction_bias", torch.zeros(num_experts, device=device, dtype=torch.float32))
+        else:
+            self.e_score_correction_bias = None
+        self.tokens_seen: set = set()
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        d, n = self.cfg[2], self.cfg[3]
+        with torch.no_grad():
+            for w, fan_in in ((self.w1, d), (self.w3, d), (self.w2, n)):
+                if w is not None:
+                    w.uniform_(-(3.0 / fan_in) ** 0.5, (3.0 / fan_in) ** 0.5)
+            if self.gate is not None:
+                self.gate.weight.uniform_(-(3.0 / d) ** 0.5, (3.0 / d) ** 0.5)
+
+    def forward(self, hidden_states: Tensor, topk_ids: Optional[Tensor] = None,
+                topk_weights: Optional[Tensor] = None) -> MoEOutput:
+        lead = hidden_states.shape[:-1]
+        x = hidden_states.reshape(-1, hidden_states.shape[-1])
+        self.tokens_seen.add(int(x.shape[0]))
+        if self.router is None and (topk_ids is None or topk_weights is None):
+            raise C.InvalidArgument("topk_ids", "topk_ids: a layer without router needs topk_ids and topk_weights")
+        y, _, _, counts, gates = torch.ops.moeblaze.forward(
+            x, topk_ids, topk_weights, self.gate.weight if self.gate is not None else None, self.e_score_correction_bias,
+            self.w1, self.w3, self.w2, self.cfg, self.route_scale, C.MODES[self.checkpoint])
+        return MoEOutput(y.reshape(*lead, y.shape[-1]), counts, gates)
+
+    def extra_repr(self) -> str:
+        E, K, d, n = self.cfg[:4]
+        return f"experts={E}, top_k={K}, hidden={d}, ffn={n}, activation={self.activation}, router={self.router}, checkpoint={self.checkpoint}"
+
+
+def split_gate_up(gate_up: Tensor, layout: str = "E,2n,d", interleaved: bool = False) -> Tuple[Tensor, Tensor]:
+    """Fused gate_up weights to (w1, w3), each [E, n, d] contiguous.
+    layout "E,2n,d": gate_up[e] = [gate; up] along rows (Qwen3-MoE, Mixtral-style fused).
+    layout "E,d,2n": gate_up[e] is [d, 2n] (GPT-OSS); interleaved=True when gate and up alternate
+    columns (gate = [..., ::2], up = [..., 1::2])."""
+    if gate_up.dim() != 3:
+        raise C.InvalidArgument("gate_up", f"gate_up: must be 3-D, got shape {list(gate_up.shape)}")
+    if layout == "E,d,2n":
+        gate_up = gate_up.transpose(1, 2)  # [E, 2n, d]
+    elif layout != "E,2n,d":
+        raise C.InvalidArgument("layout", "layout: 'E,2n,d' or 'E,d,2n'")
+    if gate_up.shape[1] % 2:
+        raise C.InvalidArgument("gate_up", "gate_up: the fused dimension must be even")
+    if interleaved:
+        w1, w3 = gate_up[:, 0::2], gate_up[:, 1::2]
+    else:
+        n = gate_up.shape[1] // 2
+        w1, w3 = gate_up[:, :n], gate_up[:, n:]
+    return w1.contiguous(), w3.contiguous()
+
+
+def stack_experts(weights: Sequence[Tensor]) -> Tensor:
+    """Per-expert nn.Linear weights ([n, d] each for gate/up, [d, n] for down) to one [E, ., .] tensor."""
+    return torch.stack([w.detach() for w in weights]).contiguous()
+
+
+def tune(model: torch.nn.Module, tokens: Optional[Sequence[int]] = None, cache_path: Optional[str] = None,
+         budget_s: float = 300.0) -> List[dict]:
+    """Tunes every distinct MoE shape in `model` into the cache that the CLI and training
+    processes share. tokens: token counts per step (default: the counts the layers have seen)."""
+    import json
+    seen = {}
+    for m in model.modules():
+        if isinstance(m, MoE):
+            key = (tuple(m.cfg), m.route_scale)
+            seen.setdefault(key, set()).update(tokens or m.tokens_seen)
+    if not seen:
+        raise C.InvalidArgument("model", "model: has no moeblaze.torch.MoE layer")
+    reports = []
+    for (cfg, scale), toks in seen.items():
+        if not toks:
+            raise C.InvalidArgument("tokens", "tokens: run the model once or pass tokens=[...]")
+        arr = (ctypes.c_int64 * len(toks))(*sorted(toks))
+        buf = ctypes.create_string_buffer(1 << 16)
+        c = _config(cfg, scale)
+        C.check(C.lib.mb_tune(ctypes.byref(c), arr, len(toks), cache_path.encode() if cache_path else None,
+                              float(budget_s), buf, len(buf)))
+        reports.append(json.loads(buf.value.decode()))
+    _layers.clear()  # reload tuned kernels on next use
+    return reports

@@ -1,0 +1,340 @@
+// The C ABI (c_api.h) over the C++ library: conversions and exception-to-status mapping.
+#include "c_api.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "cache/kernel_cache.hpp"
+#include "cache_keys.hpp"
+#include "kernel_loader.hpp"
+#include "moe_layer.hpp"
+#include "tuner/heuristics.hpp"
+#include "tuner/tuner.hpp"
+
+struct mb_layer {
+  std::unique_ptr<moeblaze::DeviceContext> context;
+  std::unique_ptr<moeblaze::MoeLayer> layer;
+  moeblaze::LoadReport report;
+};
+
+namespace {
+
+using namespace moeblaze;
+
+thread_local std::string g_error, g_argument;
+
+template <class F>
+int guarded(F&& f) {
+  g_error.clear();
+  g_argument.clear();
+  try {
+    f();
+    return MB_OK;
+  } catch (const InvalidArgument& e) {
+    g_error = e.what();
+    g_argument = e.argument;
+    return MB_ERR_INVALID_ARGUMENT;
+  } catch (const NoGpu& e) {
+    g_error = e.what();
+    return MB_ERR_NO_GPU;
+  } catch (const CudaError& e) {
+    g_error = e.what();
+    return MB_ERR_CUDA;
+  } catch (const CompileError& e) {
+    g_error = e.what();
+    return MB_ERR_COMPILE;
+  } catch (const CacheError& e) {
+    g_error = e.what();
+    return MB_ERR_CACHE;
+  } catch (const std::exception& e) {
+    g_error = e.what();
+    return MB_ERR_OTHER;
+  } catch (...) {
+    g_error = "unknown error";
+    return MB_ERR_OTHER;
+  }
+}
+
+void need(const void* p, const char* name) {
+  if (!p) throw InvalidArgument(name, "is a null pointer");
+}
+
+LayerConfig to_layer(const mb_layer_config* c) {
+  need(c, "config");
+  LayerConfig l;
+  l.shape = {c->experts, c->topk, c->hidden, c->ffn};
+  if (c->activation < MB_SWIGLU || c->activation > MB_RELU)
+    throw InvalidArgument("activation", fmt::format("{} is not an mb_activation", c->activation));
+  if (c->router < MB_ROUTER_NONE || c->router > MB_ROUTER_SIGMOID)
+    throw InvalidArgument("router", fmt::format("{} is not an mb_router", c->router));
+  l.activation = static_cast<Activation>(c->activation);
+  l.router = static_cast<RouterKind>(c->router);
+  l.renormalize = c->renormalize != 0;
+  l.route_scale = c->route_scale;
+  l.validate();
+  return l;
+}
+
+mb_layer_config from_layer(const LayerConfig& l) {
+  return mb_layer_config{l.shape.experts,
+                         l.shape.topk,
+                         l.shape.hidden,
+                         l.shape.ffn,
+                         static_cast<int32_t>(l.activation),
+                         static_cast<int32_t>(l.router),
+                         l.renormalize ? 1 : 0,
+                         l.route_scale};
+}
+
+CheckpointMode to_mode(int32_t m) {
+  if (m == MB_SAVE_H) return CheckpointMode::save_h;
+  if (m == MB_RECOMPUTE) return CheckpointMode::recompute;
+  throw InvalidArgument("mode", fmt::format("{} is not an mb_mode (0 save-h, 1 recompute)", m));
+}
+
+TensorRef to_tensor(const mb_tensor& t, const char* name) {
+  TensorRef r;
+  r.ptr = t.ptr;
+  if (!t.ptr) return r;
+  if (t.dtype < MB_BF16 || t.dtype > MB_I32) throw InvalidArgument(name, fmt::format("dtype code {} is unknown", t.dtype));
+  if (t.ndim < 0 || t.ndim > 4) throw InvalidArgument(name, fmt::format("ndim {} is outside [0, 4]", t.ndim));
+  r.dtype = static_cast<DType>(t.dtype);
+  r.shape.assign(t.shape, t.shape + t.ndim);
+  return r;
+}
+
+ForwardArgs to_forward(const mb_forward_args* a) {
+  need(a, "args");
+  ForwardArgs f;
+  f.x = to_tensor(a->x, "x");
+  f.topk_ids = to_tensor(a->topk_ids, "topk_ids");
+  f.topk_weights = to_tensor(a->topk_weights, "topk_weights");
+  f.w_router = to_tensor(a->w_router, "w_router");
+  f.router_bias = to_tensor(a->router_bias, "router_bias");
+  f.w1 = to_tensor(a->w1, "w1");
+  f.w3 = to_tensor(a->w3, "w3");
+  f.w2 = to_tensor(a->w2, "w2");
+  f.y = to_tensor(a->y, "y");
+  f.gates_out = to_tensor(a->gates_out, "gates_out");
+  f.mode = to_mode(a->mode);
+  f.check_routing = a->check_routing != 0;
+  f.saved = a->saved;
+  f.saved_bytes = a->saved_bytes;
+  f.scratch = a->scratch;
+  f.scratch_bytes = a->scratch_bytes;
+  return f;
+}
+
+BackwardArgs to_backward(const mb_backward_args* a) {
+  need(a, "args");
+  BackwardArgs b;
+  b.dy = to_tensor(a->dy, "dy");
+  b.x = to_tensor(a->x, "x");
+  b.topk_weights = to_tensor(a->topk_weights, "topk_weights");
+  b.w_router = to_tensor(a->w_router, "w_router");
+  b.router_bias = to_tensor(a->router_bias, "router_bias");
+  b.w1 = to_tensor(a->w1, "w1");
+  b.w3 = to_tensor(a->w3, "w3");
+  b.w2 = to_tensor(a->w2, "w2");
+  b.dx = to_tensor(a->dx, "dx");
+  b.dw1 = to_tensor(a->dw1, "dw1");
+  b.dw3 = to_tensor(a->dw3, "dw3");
+  b.dw2 = to_tensor(a->dw2, "dw2");
+  b.d_topk_weights = to_tensor(a->d_topk_weights, "d_topk_weights");
+  b.dw_router = to_tensor(a->dw_router, "dw_router");
+  b.scratch = a->scratch;
+  b.scratch_bytes = a->scratch_bytes;
+  return b;
+}
+
+mb_state from_state(const ForwardState& s) {
+  mb_state o{};
+  o.layer = from_layer(s.layer);
+  o.tokens = s.tokens;
+  o.mode = s.mode == CheckpointMode::save_h ? MB_SAVE_H : MB_RECOMPUTE;
+  o.complete = s.complete ? 1 : 0;
+  o.layer_id = s.layer_id;
+  o.saved = s.saved;
+  o.saved_bytes = s.saved_bytes;
+  o.expert_token_indices = s.expert_token_indices;
+  o.expert_token_offsets = s.expert_token_offsets;
+  o.token_expert_indices = s.token_expert_indices;
+  o.token_index_map = s.token_index_map;
+  o.tile_prefix = s.tile_prefix;
+  o.expert_counts = s.expert_counts;
+  o.status = s.status;
+  o.H = s.H;
+  return o;
+}
+
+ForwardState to_state(const mb_state* s) {
+  need(s, "state");
+  ForwardState o;
+  o.layer = to_layer(&s->layer);
+  o.tokens = s->tokens;
+  o.mode = to_mode(s->mode);
+  o.complete = s->complete != 0;
+  o.layer_id = s->layer_id;
+  o.saved = s->saved;
+  o.saved_bytes = s->saved_bytes;
+  o.expert_token_indices = s->expert_token_indices;
+  o.expert_token_offsets = s->expert_token_offsets;
+  o.token_expert_indices = s->token_expert_indices;
+  o.token_index_map = s->token_index_map;
+  o.tile_prefix = s->tile_prefix;
+  o.expert_counts = s->expert_counts;
+  o.status = s->status;
+  o.H = s->H;
+  return o;
+}
+
+mb_memory_plan to_plan(const MemoryPlan& p) {
+  return mb_memory_plan{p.saved_bytes, p.forward_scratch_bytes, p.backward_scratch_bytes, p.h_floor_bytes,
+                        p.index_bytes};
+}
+
+void copy_out(const std::string& s, char* buf, size_t size) {
+  if (!buf || size == 0) throw InvalidArgument("buf", "needs room for the text");
+  const size_t n = std::min(s.size(), size - 1);
+  std::memcpy(buf, s.data(), n);
+  buf[n] = '\0';
+}
+
+int dgrad_bn_default(const LayerConfig& l) { return default_tile(KernelFamily::down_dgrad, l, "sm_90a").bn; }
+
+}  // namespace
+
+extern "C" {
+
+const char* mb_version(void) { return MOEBLAZE_VERSION; }
+int mb_abi_version(void) { return MB_ABI_VERSION; }
+const char* mb_last_error(void) { return g_error.c_str(); }
+const char* mb_last_error_argument(void) { return g_argument.c_str(); }
+
+int mb_gpu_available(void) {
+  std::string why;
+  const bool ok = gpu_available(&why);
+  g_error = why;
+  return ok ? 1 : 0;
+}
+
+int mb_config_validate(const mb_layer_config* config) {
+  return guarded([&] { to_layer(config); });
+}
+
+int mb_config_describe(const mb_layer_config* config, char* buf, size_t size) {
+  return guarded([&] { copy_out(to_layer(config).describe(), buf, size); });
+}
+
+int mb_plan_memory(const mb_layer_config* config, int64_t tokens, int32_t mode, mb_memory_plan* out) {
+  return guarded([&] {
+    need(out, "out");
+    const LayerConfig l = to_layer(config);
+    // The smallest dgrad tile any candidate uses (64) needs the most partials: safe for tuned layers.
+    MemoryPlan p = plan_memory(l, tokens, to_mode(mode), 64);
+    *out = to_plan(p);
+  });
+}
+
+int mb_validate_forward(const mb_layer_config* config, const mb_forward_args* args) {
+  return guarded([&] {
+    const LayerConfig l = to_layer(config);
+    validate_forward_args(l, dgrad_bn_default(l), to_forward(args));
+  });
+}
+
+int mb_validate_backward(const mb_layer_config* config, const mb_state* state, const mb_backward_args* args) {
+  return guarded([&] {
+    const LayerConfig l = to_layer(config);
+    validate_backward_args(l, dgrad_bn_default(l), to_state(state), to_backward(args));
+  });
+}
+
+int mb_layer_create(const mb_layer_config* config, int32_t device, const char* cache_path, int64_t tokens,
+                    mb_layer** out) {
+  return guarded([&] {
+    need(out, "out");
+    *out = nullptr;
+    const LayerConfig l = to_layer(config);
+    auto h = std::make_unique<mb_layer>();
+    h->context = std::make_unique<DeviceContext>(device);
+    std::unique_ptr<KernelCache> cache;
+    if (!cache_path) cache = std::make_unique<KernelCache>(KernelCache::default_path());
+    else if (*cache_path) cache = std::make_unique<KernelCache>(cache_path);
+    LoadOptions lo;
+    lo.tokens = tokens;
+    lo.policy = measurement_policy("router");
+    auto set = std::make_shared<KernelSet>(load_kernels(l, h->context->info(), cache.get(), lo, &h->report));
+    h->layer = std::make_unique<MoeLayer>(std::move(set));
+    *out = h.release();
+  });
+}
+
+void mb_layer_destroy(mb_layer* layer) { delete layer; }
+
+int mb_layer_plan_memory(const mb_layer* layer, int64_t tokens, int32_t mode, mb_memory_plan* out) {
+  return guarded([&] {
+    need(layer, "layer");
+    need(out, "out");
+    *out = to_plan(layer->layer->memory_plan(tokens, to_mode(mode)));
+  });
+}
+
+int mb_layer_report(const mb_layer* layer, char* buf, size_t size) {
+  return guarded([&] {
+    need(layer, "layer");
+    std::string s = layer->layer->config().describe() + "; " + layer->report.summary();
+    for (const auto& k : layer->report.kernels)
+      if (is_tiled(k.family)) s += fmt::format("; {} {} ({})", to_string(k.family), k.tile.to_string(), to_string(k.tile_source));
+    copy_out(s, buf, size);
+  });
+}
+
+int mb_layer_forward(const mb_layer* layer, const mb_forward_args* args, uint64_t stream, mb_state* state) {
+  return guarded([&] {
+    need(layer, "layer");
+    need(state, "state");
+    layer->context->make_current();
+    *state = from_state(layer->layer->forward(to_forward(args), reinterpret_cast<CUstream>(stream)));
+  });
+}
+
+int mb_layer_backward(const mb_layer* layer, const mb_state* state, const mb_backward_args* args, uint64_t stream) {
+  return guarded([&] {
+    need(layer, "layer");
+    layer->context->make_current();
+    layer->layer->backward(to_state(state), to_backward(args), reinterpret_cast<CUstream>(stream));
+  });
+}
+
+int mb_tune(const mb_layer_config* config, const int64_t* tokens, int32_t n_tokens, const char* cache_path,
+            double budget_s, char* buf, size_t size) {
+  return guarded([&] {
+    TuneOptions o;
+    o.layer = to_layer(config);
+    if (n_tokens <= 0 || !tokens) throw InvalidArgument("tokens", "give at least one token count");
+    for (int i = 0; i < n_tokens; ++i) {
+      if (tokens[i] <= 0) throw InvalidArgument("tokens", fmt::format("T = {} must be positive", tokens[i]));
+      o.tokens.push_back(tokens[i]);
+    }
+    if (budget_s > 0) o.budget_s = budget_s;
+    KernelCache cache(cache_path && *cache_path ? cache_path : KernelCache::default_path());
+    const TuneReport r = tune_layer(o, cache);
+    nlohmann::json j{{"layer", r.layer},        {"timed", r.timed},
+                     {"why_not_timed", r.why_not_timed}, {"compiled", r.compiled},
+                     {"from_cache", r.from_cache}, {"compile_failures", r.compile_failures},
+                     {"step_default_ms", r.step_default_ms}, {"step_tuned_ms", r.step_tuned_ms},
+                     {"db", cache.path()}};
+    for (const auto& f : r.families)
+      j["families"].push_back({{"family", f.family}, {"winner", f.winner}, {"winner_ms", f.winner_ms},
+                               {"default_ms", f.default_ms}});
+    copy_out(j.dump(), buf, size);
+  });
+}
+
+}  // extern "C"

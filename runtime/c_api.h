@@ -1,0 +1,120 @@
+/* moeblaze C ABI: a small, stable C interface over the library, exported by
+ * libmoeblaze_c.so. The Python package binds it with ctypes, so it needs no compilation
+ * against torch and works across torch versions. Every function returns MB_OK (0) or an
+ * error code; mb_last_error() and mb_last_error_argument() (thread-local) say what and
+ * which argument. Pointers are device addresses (CUdeviceptr) as 64-bit integers; 0 means
+ * "absent". */
+#ifndef MOEBLAZE_C_API_H
+#define MOEBLAZE_C_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MB_ABI_VERSION 1
+
+#if defined(__GNUC__)
+#define MB_API __attribute__((visibility("default")))
+#else
+#define MB_API
+#endif
+
+enum mb_status {
+  MB_OK = 0,
+  MB_ERR_INVALID_ARGUMENT = 1, /* mb_last_error_argument() names it */
+  MB_ERR_NO_GPU = 2,
+  MB_ERR_CUDA = 3,
+  MB_ERR_COMPILE = 4,
+  MB_ERR_CACHE = 5,
+  MB_ERR_OTHER = 6
+};
+
+enum mb_dtype { MB_BF16 = 0, MB_F32 = 1, MB_I32 = 2 };
+enum mb_activation { MB_SWIGLU = 0, MB_GEGLU = 1, MB_SILU = 2, MB_GELU = 3, MB_RELU = 4 };
+enum mb_router { MB_ROUTER_NONE = 0, MB_ROUTER_SOFTMAX = 1, MB_ROUTER_SIGMOID = 2 };
+enum mb_mode { MB_SAVE_H = 0, MB_RECOMPUTE = 1 };
+
+typedef struct {
+  uint64_t ptr;      /* device address, 0 = absent */
+  int32_t dtype;     /* mb_dtype */
+  int32_t ndim;      /* 0..4 */
+  int64_t shape[4];
+} mb_tensor;
+
+typedef struct {
+  int32_t experts, topk, hidden, ffn;
+  int32_t activation; /* mb_activation */
+  int32_t router;     /* mb_router */
+  int32_t renormalize;
+  float route_scale;
+} mb_layer_config;
+
+typedef struct {
+  uint64_t saved_bytes, forward_scratch_bytes, backward_scratch_bytes, h_floor_bytes, index_bytes;
+} mb_memory_plan;
+
+typedef struct {
+  mb_tensor x, topk_ids, topk_weights, w_router, router_bias, w1, w3, w2, y, gates_out;
+  int32_t mode;      /* mb_mode */
+  int32_t check_routing;
+  uint64_t saved, saved_bytes, scratch, scratch_bytes;
+} mb_forward_args;
+
+typedef struct {
+  mb_tensor dy, x, topk_weights, w_router, router_bias, w1, w3, w2;
+  mb_tensor dx, dw1, dw3, dw2, d_topk_weights, dw_router;
+  uint64_t scratch, scratch_bytes;
+} mb_backward_args;
+
+/* What forward leaves for backward: a plain value the caller keeps (e.g. in an autograd
+ * context) together with the saved buffer it points into. */
+typedef struct {
+  mb_layer_config layer;
+  int64_t tokens;
+  int32_t mode, complete;
+  uint64_t layer_id, saved, saved_bytes;
+  uint64_t expert_token_indices, expert_token_offsets, token_expert_indices, token_index_map, tile_prefix,
+      expert_counts, status, H;
+} mb_state;
+
+typedef struct mb_layer mb_layer;
+
+MB_API const char* mb_version(void);
+MB_API int mb_abi_version(void);
+MB_API const char* mb_last_error(void);
+MB_API const char* mb_last_error_argument(void);
+/* 1 when a GPU can be used; else 0 and the reason in mb_last_error(). */
+MB_API int mb_gpu_available(void);
+
+/* No GPU needed. */
+MB_API int mb_config_validate(const mb_layer_config* config);
+MB_API int mb_config_describe(const mb_layer_config* config, char* buf, size_t size);
+MB_API int mb_plan_memory(const mb_layer_config* config, int64_t tokens, int32_t mode, mb_memory_plan* out);
+MB_API int mb_validate_forward(const mb_layer_config* config, const mb_forward_args* args);
+MB_API int mb_validate_backward(const mb_layer_config* config, const mb_state* state, const mb_backward_args* args);
+
+/* The layer on a GPU: kernels loaded from the cache (tuned tiles, cached binaries; NVRTC
+ * on a miss). cache_path: NULL = the default cache, "" = no cache (default tiles). tokens:
+ * the token count to look tuned tiles up for (0: none). The primary context of `device`
+ * is made current (the one the CUDA runtime and PyTorch use). */
+MB_API int mb_layer_create(const mb_layer_config* config, int32_t device, const char* cache_path, int64_t tokens,
+                    mb_layer** out);
+MB_API void mb_layer_destroy(mb_layer* layer);
+MB_API int mb_layer_plan_memory(const mb_layer* layer, int64_t tokens, int32_t mode, mb_memory_plan* out);
+MB_API int mb_layer_report(const mb_layer* layer, char* buf, size_t size);
+/* stream: a CUstream / cudaStream_t as an integer (0 = the legacy default stream). */
+MB_API int mb_layer_forward(const mb_layer* layer, const mb_forward_args* args, uint64_t stream, mb_state* state);
+MB_API int mb_layer_backward(const mb_layer* layer, const mb_state* state, const mb_backward_args* args, uint64_t stream);
+
+/* Tunes the layer for the token counts into the cache (compile-only without a GPU); the
+ * report (JSON) is written to buf. */
+MB_API int mb_tune(const mb_layer_config* config, const int64_t* tokens, int32_t n_tokens, const char* cache_path,
+            double budget_s, char* buf, size_t size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
