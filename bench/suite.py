@@ -1,0 +1,234 @@
+"""The moeblaze suite benchmark (shared/BENCHMARKS.md), on a GPU, in one invocation:
+moeblaze (through the Python binding) against the PyTorch baselines of baselines.py, same
+inputs, same GPU. Forward and step (forward+backward) median ms over CUDA events,
+TFLOP/s = 18TKdn/step, activation memory held between forward and backward beyond the
+output, and peak extra memory of a step (weights and their gradients excluded); random and
+skewed routing; a token sweep; the dense GEMM and copy ceilings measured in the same run;
+the per-kernel breakdown from `moeblaze bench --json`. Writes results.json, table.md and
+tflops.png under --out.
+
+Usage: python3 bench/suite.py [--shapes NAME,...] [--routing random,skewed] [--sweep]
+       [--impls moeblaze,torch-loop,torch-grouped_mm] [--steps 10] [--out bench/results/DATE]"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "python"))
+sys.path.insert(0, str(HERE))
+import moeblaze.torch as mbt  # noqa: E402
+from baselines import torch_grouped_mm, torch_loop  # noqa: E402
+from moeblaze.reference import route  # noqa: E402
+
+SUITE = json.loads((HERE / "suite.json").read_text())["shapes"]
+ROUTERS = {  # the presets' routers (generator/layer_config.cpp)
+    "mixtral-8x7b": ("softmax", True, 1.0), "gpt-oss-20b": ("softmax", True, 1.0),
+    "olmoe-1b-7b": ("softmax", False, 1.0), "qwen3-30b-a3b": ("softmax", True, 1.0),
+    "deepseek-v3": ("sigmoid", True, 2.5), "qwen3-next-80b": ("softmax", True, 1.0),
+}
+
+
+def median_ms(fn, steps, warmup=3):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(steps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2], (times[int(0.9 * (len(times) - 1))] - times[int(0.1 * (len(times) - 1))]) / 2
+
+
+def ceilings():
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms, _ = median_ms(lambda: a @ a, 10)
+    src = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    cms, _ = median_ms(lambda: dst.copy_(src), 10)
+    return {"gemm_tflops": 2 * 8192 ** 3 / ms / 1e9, "copy_tbps": 2 * src.numel() / cms / 1e9}
+
+
+def skewed_routing(T, E, K, gen):
+    hot = max(1, E // 16)
+    p = torch.ones(E, device="cuda")
+    p[:hot] = 4.0
+    ids = torch.multinomial(p.expand(T, E), K, replacement=False, generator=gen).int()
+    w = torch.rand(T, K, device="cuda", generator=gen).softmax(-1)
+    return ids, w
+
+
+def run_case(shape, impl, routing, T, steps):
+    E, K, d, n = shape["E"], shape["K"], shape["d"], shape["n"]
+    router, renorm, scale = ROUTERS[shape["name"]]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    kw = dict(device="cuda", dtype=torch.bfloat16)
+    w1 = (torch.rand(E, n, d, generator=gen, device="cuda") * 2 - 1).mul_((3 / d) ** 0.5).to(torch.bfloat16).requires_grad_()
+    w3 = (torch.rand(E, n, d, generator=gen, device="cuda") * 2 - 1).mul_((3 / d) ** 0.5).to(torch.bfloat16).requires_grad_()
+    w2 = (torch.rand(E, d, n, generator=gen, device="cuda") * 2 - 1).mul_((3 / n) ** 0.5).to(torch.bfloat16).requires_grad_()
+    wr = (torch.rand(E, d, generator=gen, device="cuda") * 2 - 1).mul_((3 / d) ** 0.5).to(torch.bfloat16).requires_grad_()
+    x = torch.randn(T, d, generator=gen, **kw).requires_grad_()
+    dy = torch.randn(T, d, generator=gen, **kw)
+    fixed = skewed_routing(T, E, K, gen) if routing == "skewed" else None
+    bias = torch.zeros(E, device="cuda") if router == "sigmoid" else None
+
+    def forward():
+        if impl == "moeblaze":
+            if fixed is None:
+                return mbt.moe(x, w1, w3, w2, w_router=wr, router=router, top_k=K, router_bias=bias,
+                               renormalize=renorm, route_scale=scale).y
+            return mbt.moe(x, w1, w3, w2, topk_ids=fixed[0], topk_weights=fixed[1].requires_grad_()).y
+        ids, w = fixed if fixed is not None else route(x, wr, K, router, renorm, scale, bias)
+        f = torch_loop if impl == "torch-loop" else torch_grouped_mm
+        return f(x, ids, w, w1, w3, w2)
+
+    def step():
+        forward().backward(dy)
+
+    step()  # grads of the weights exist from here on (excluded from the memory figures)
+    fwd_ms, _ = median_ms(lambda: forward(), steps)
+    step_ms, spread = median_ms(step, steps)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    y = forward()
+    act = torch.cuda.memory_allocated() - base - y.numel() * y.element_size()
+    del y
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    flops = 18.0 * T * K * d * n
+    return {"shape": shape["name"], "impl": impl, "routing": routing, "tokens": T, "fwd_ms": fwd_ms,
+            "step_ms": step_ms, "step_spread_ms": spread, "tflops": flops / step_ms / 1e9,
+            "act_mib": act / 2 ** 20, "peak_mib": peak / 2 ** 20}
+
+
+def kernel_breakdown(name, T):
+    cli = HERE.parent / "build" / "bin" / "moeblaze"
+    try:
+        out = subprocess.run([str(cli), "bench", "--preset", name, "-T", str(T), "--json"], capture_output=True,
+                             text=True, timeout=300, check=True)
+        return json.loads(out.stdout)
+    except Exception as e:  # noqa: BLE001 - a missing CLI must not lose the suite numbers
+        return {"error": str(e)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default=",".join(s["name"] for s in SUITE))
+    ap.add_argument("--impls", default="moeblaze,torch-grouped_mm,torch-loop")
+    ap.add_argument("--routing", default="random,skewed")
+    ap.add_argument("--sweep", action="store_true", help="T = 4096..65536 on qwen3-30b-a3b and deepseek-v3")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--out", default=str(HERE / "results" / datetime.date.today().isoformat()))
+    a = ap.parse_args()
+    if a.steps < 10:
+        sys.exit("--steps: the median needs at least 10")
+    names = a.shapes.split(",")
+    unknown = [n for n in names if n not in {s["name"] for s in SUITE}]
+    if unknown:
+        sys.exit(f"--shapes: unknown {unknown}")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
+           "torch": torch.__version__, "ceilings": ceilings(), "results": [], "kernels": {}}
+    print(f"{res['device']} torch {res['torch']}: GEMM {res['ceilings']['gemm_tflops']:.0f} TFLOP/s, "
+          f"copy {res['ceilings']['copy_tbps']:.2f} TB/s", flush=True)
+    cases = [(s, r, s["T"]) for s in SUITE if s["name"] in names for r in a.routing.split(",")]
+    if a.sweep:
+        cases += [(s, "random", T) for s in SUITE if s["name"] in ("qwen3-30b-a3b", "deepseek-v3")
+                  for T in (4096, 8192, 16384, 32768, 65536) if T != s["T"]]
+    for shape, routing, T in cases:
+        for impl in a.impls.split(","):
+            if impl == "torch-loop" and shape["E"] >= 256:
+                continue  # minutes per step; BENCHMARKS.md leaves it out too
+            try:
+                r = run_case(shape, impl, routing, T, a.steps)
+            except torch.cuda.OutOfMemoryError as e:
+                r = {"shape": shape["name"], "impl": impl, "routing": routing, "tokens": T, "error": f"OOM: {e}"}
+            res["results"].append(r)
+            print(json.dumps(r), flush=True)
+            torch.cuda.empty_cache()
+        if routing == "random" and T == shape["T"]:
+            res["kernels"][shape["name"]] = kernel_breakdown(shape["name"], T)
+    (out / "results.json").write_text(json.dumps(res, indent=2))
+    write_table(res, out / "table.md")
+    write_plot(res, out / "tflops.png")
+    print((out / "table.md").read_text())
+
+
+def write_table(res, path):
+    lines = [f"# moeblaze suite, {res['date']}, {res['device']}, torch {res['torch']}", "",
+             f"Ceilings in this run: dense bf16 GEMM {res['ceilings']['gemm_tflops']:.0f} TFLOP/s, copy "
+             f"{res['ceilings']['copy_tbps']:.2f} TB/s.", "",
+             "| shape | routing | T | impl | fwd ms | step ms | TFLOP/s | act MiB | peak MiB | step vs best baseline | peak vs best baseline |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    groups = {}
+    for r in res["results"]:
+        groups.setdefault((r["shape"], r["routing"], r["tokens"]), []).append(r)
+    for (shape, routing, T), rows in groups.items():
+        base = [r for r in rows if r["impl"] != "moeblaze" and "error" not in r]
+        best = min(base, key=lambda r: r["step_ms"]) if base else None
+        best_peak = min((r["peak_mib"] for r in base), default=None)
+        for r in rows:
+            if "error" in r:
+                lines.append(f"| {shape} | {routing} | {T} | {r['impl']} | {r['error']} | | | | | | |")
+                continue
+            ratio = f"{best['step_ms'] / r['step_ms']:.2f}x" if best else "-"
+            pr = f"{r['peak_mib'] / best_peak:.2f}x" if best_peak else "-"
+            lines.append(f"| {shape} | {routing} | {T} | {r['impl']} | {r['fwd_ms']:.2f} | {r['step_ms']:.2f} | "
+                         f"{r['tflops']:.0f} | {r['act_mib']:.0f} | {r['peak_mib']:.0f} | {ratio} | {pr} |")
+    for name, k in res["kernels"].items():
+        if "kernels" not in k:
+            continue
+        lines += ["", f"## {name}: per-kernel breakdown (C++ bench, tuned kernels: {k.get('load', '')})", "",
+                  "| kernel | tile | ms/step | floor ms | TFLOP/s | GB/s |", "|---|---|---|---|---|---|"]
+        for kk in k["kernels"]:
+            lines.append(f"| {kk['family']} | {kk['tile']} | {kk['ms']:.3f} | {kk['floor_ms']:.3f} | {kk['tflops']:.0f} | {kk['gbps']:.0f} |")
+        lines.append(f"\nC++ step {k['step_ms']:.2f} ms (the binding's own step is in the table above).")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_plot(res, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    rows = [r for r in res["results"] if r["routing"] == "random" and "error" not in r]
+    shapes = list(dict.fromkeys(r["shape"] for r in rows if r["tokens"] == next(s["T"] for s in SUITE if s["name"] == r["shape"])))
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / max(1, len(impls))
+    for i, impl in enumerate(impls):
+        vals = []
+        for s in shapes:
+            m = [r["tflops"] for r in rows if r["impl"] == impl and r["shape"] == s
+                 and r["tokens"] == next(x["T"] for x in SUITE if x["name"] == s)]
+            vals.append(m[0] if m else 0)
+        ax.bar([j + i * width for j in range(len(shapes))], vals, width, label=impl)
+    ax.axhline(res["ceilings"]["gemm_tflops"], color="k", linestyle="--", label="dense GEMM ceiling")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))], shapes, rotation=15)
+    ax.set_ylabel("TFLOP/s (18TKdn / step)")
+    ax.set_title(f"MoE layer forward+backward, {res['device']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
