@@ -144,7 +144,7 @@ TEST_CASE("generator: presets agree with shared/suite.json and its copy bench/su
   for (const char* rel : {"/../shared/suite.json", "/bench/suite.json"}) {
   std::ifstream f(std::string(MOEBLAZE_SOURCE_DIR) + rel);
   if (!f) {
-    MESSAGE(std::string(rel) + " not found; skipped");
+    MESSAGE((std::string(rel) + " not found; skipped"));
     continue;
   }
   std::stringstream ss;
