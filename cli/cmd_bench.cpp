@@ -27,6 +27,7 @@ Command bench_command() {
     std::string mode = "save-h", routing = "router", db;
     int steps = 10;
     bool json = false, no_cache = false;
+    std::vector<std::string> tiles;
   };
   auto st = std::make_shared<State>();
   Command c;
@@ -38,6 +39,7 @@ Command bench_command() {
     st->app->add_option("--steps", st->steps, "timed steps (median, >= 10)")->capture_default_str();
     st->app->add_option("--db", st->db, "cache file");
     st->app->add_flag("--no-cache", st->no_cache, "default tiles, compiled now (ignore the cache)");
+    st->app->add_option("--tile", st->tiles, "FAMILY=TILE: run a family with this tile");
     st->app->add_flag("--json", st->json, "machine-readable report");
   };
   c.selected = [st] { return st->app->parsed(); };
@@ -48,6 +50,7 @@ Command bench_command() {
     o.mode = parse_checkpoint_mode(st->mode);
     o.routing = st->routing;
     o.steps = st->steps;
+    o.force = parse_tiles(st->tiles, "--tile");
     if (o.steps < 10) throw InvalidArgument("--steps", "at least 10");
     DeviceContext ctx(0);
     std::unique_ptr<KernelCache> cache;

@@ -58,6 +58,7 @@ Command check_command(const char* name, const char* help, bool backward) {
     unsigned long long seed = 1;
     bool json = false, accumulate = false, tuned = false;
     std::string db;
+    std::vector<std::string> tiles;
   };
   auto st = std::make_shared<State>();
   Command c;
@@ -73,6 +74,7 @@ Command check_command(const char* name, const char* help, bool backward) {
     st->app->add_flag("--json", st->json, "machine-readable output");
     st->app->add_flag("--tuned", st->tuned, "use the tuned kernels of the cache (else default tiles)");
     st->app->add_option("--db", st->db, "cache file for --tuned");
+    st->app->add_option("--tile", st->tiles, "FAMILY=TILE: run a family with this tile (e.g. up_proj=128x128x64_w8x1_s3_wg)");
   };
   c.selected = [st] { return st->app->parsed(); };
   c.run = [st, backward] {
@@ -96,6 +98,7 @@ Command check_command(const char* name, const char* help, bool backward) {
       o.cache = cache.get();
       o.policy = measurement_policy(o.layer.router == RouterKind::none ? st->routing : "router");
     }
+    o.force = parse_tiles(st->tiles, "--tile");
     const LayerCheckResult r = run_layer_check(o);
     print_result(r, o, st->json);
     return r.passed(o.tolerance) ? 0 : 1;

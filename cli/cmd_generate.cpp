@@ -7,6 +7,16 @@
 #include "tuner/heuristics.hpp"
 
 namespace moeblaze::cli {
+namespace {
+
+// The tensor-core instruction a kernel's PTX uses: "wgmma", "mma.sync" or "-".
+std::string tensor_instruction(const BuiltKernel& b) {
+  if (b.compiled.ptx.find("wgmma.mma_async") != std::string::npos) return "wgmma";
+  if (b.compiled.ptx.find("mma.sync") != std::string::npos) return "mma.sync";
+  return "-";
+}
+
+}  // namespace
 
 Command presets_command() {
   auto app = std::make_shared<CLI::App*>(nullptr);
@@ -45,6 +55,7 @@ Command generate_command() {
     ShapeOptions shape;
     std::string arch = "sm_90a";
     bool json = false, show_source = false;
+    std::vector<std::string> tiles;
   };
   auto st = std::make_shared<State>();
   Command c;
@@ -54,12 +65,16 @@ Command generate_command() {
     st->app->add_option("--arch", st->arch, "target architecture")->capture_default_str();
     st->app->add_flag("--json", st->json, "machine-readable output");
     st->app->add_flag("--source", st->show_source, "print each generated instantiation source");
+    st->app->add_option("--tile", st->tiles, "FAMILY=TILE: another tile for a family (e.g. up_proj=128x128x64_w8x1_s3_wg)");
   };
   c.selected = [st] { return st->app->parsed(); };
   c.run = [st] {
     const LayerConfig layer = st->shape.layer();
-    const auto specs = layer_kernel_specs(layer, st->arch);
-    const auto built = compile_all(specs);
+    auto specs = layer_kernel_specs(layer, st->arch);
+    for (const auto& [f, tile] : parse_tiles(st->tiles, "--tile"))
+      for (auto& s : specs)  // gate_grad sums down_dgrad's N tiles: it follows down_dgrad
+        if (s.family == f || (f == KernelFamily::down_dgrad && s.family == KernelFamily::gate_grad)) s.tile = tile;
+    const auto built = compile_all(specs, 0, true);
     int spills = 0;
     if (st->json) fmt::print("{{\"layer\": \"{}\", \"arch\": \"{}\", \"nvrtc\": \"{}\", \"kernels\": [\n",
                              layer.describe(), st->arch, nvrtc_version());
@@ -71,14 +86,16 @@ Command generate_command() {
       if (st->json) {
         fmt::print("  {{\"family\": \"{}\", \"kernel\": \"{}\", \"registers\": {}, \"static_smem\": {}, "
                    "\"dynamic_smem\": {}, \"stack\": {}, \"spill_stores\": {}, \"spill_loads\": {}, "
-                   "\"cubin_bytes\": {}, \"compile_ms\": {:.0f}}}{}\n",
+                   "\"cubin_bytes\": {}, \"compile_ms\": {:.0f}, \"tile\": \"{}\", \"mma\": \"{}\"}}{}\n",
                    to_string(b.generated.spec.family), b.compiled.kernel_name, r.registers, r.static_smem_bytes,
                    b.generated.dynamic_smem, r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes,
-                   b.compiled.cubin.size(), b.compiled.compile_ms, i + 1 < built.size() ? "," : "");
+                   b.compiled.cubin.size(), b.compiled.compile_ms,
+                   is_tiled(b.generated.spec.family) ? b.generated.spec.tile.to_string() : "-", tensor_instruction(b),
+                   i + 1 < built.size() ? "," : "");
       } else {
-        fmt::print("  {:<16} regs {:>3}  smem {:>6} + {:>6}  stack {:>3}  spill {:>3}/{:<3}  {:>5.0f} ms  {}\n",
+        fmt::print("  {:<16} regs {:>3}  smem {:>6} + {:>6}  stack {:>3}  spill {:>3}/{:<3}  {:>5.0f} ms  {:<8} {}\n",
                    to_string(b.generated.spec.family), r.registers, r.static_smem_bytes, b.generated.dynamic_smem,
-                   r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes, b.compiled.compile_ms,
+                   r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes, b.compiled.compile_ms, tensor_instruction(b),
                    b.compiled.kernel_name);
       }
       if (st->show_source) fmt::print("{}\n", b.generated.source.text);

@@ -28,16 +28,6 @@ std::function<void(const std::string&, bool)> progress_printer(bool quiet) {
   };
 }
 
-std::map<KernelFamily, TileConfig> parse_forces(const std::vector<std::string>& forces) {
-  std::map<KernelFamily, TileConfig> out;
-  for (const auto& f : forces) {
-    const auto eq = f.find('=');
-    if (eq == std::string::npos) throw InvalidArgument("--force", fmt::format("'{}' is not FAMILY=TILE", f));
-    out[parse_family(f.substr(0, eq))] = TileConfig::parse(f.substr(eq + 1));
-  }
-  return out;
-}
-
 }  // namespace
 
 std::string cache_path_option(const std::string& db) { return db.empty() ? KernelCache::default_path() : db; }
@@ -164,7 +154,7 @@ Command regress_command() {
     const Baseline base = read_baseline(st->baseline);
     if (st->tolerance < 0) throw InvalidArgument("--tolerance", "must not be negative");
     if (st->samples < 10) throw InvalidArgument("--samples", "at least 10");
-    const auto force = parse_forces(st->force);
+    const auto force = parse_tiles(st->force, "--force");
     std::string why;
     if (!gpu_available(&why)) {
       fmt::print("regress: skipped, no GPU here ({}); baseline {} has {} kernels\n", why, st->baseline,

@@ -8,7 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "generator/kernel_spec.hpp"
 #include "generator/layer_config.hpp"
+
+#include <map>
 
 namespace moeblaze::cli {
 
@@ -35,6 +38,9 @@ struct ShapeOptions {
   LayerConfig layer() const;
   long long token_count(long long fallback) const;
 };
+
+// FAMILY=TILE pairs (repeatable --tile / --force options); throws InvalidArgument(option).
+std::map<KernelFamily, TileConfig> parse_tiles(const std::vector<std::string>& pairs, const char* option);
 
 Command presets_command();
 Command generate_command();

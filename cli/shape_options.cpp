@@ -49,4 +49,18 @@ long long ShapeOptions::token_count(long long fallback) const {
   return t;
 }
 
+std::map<KernelFamily, TileConfig> parse_tiles(const std::vector<std::string>& pairs, const char* option) {
+  std::map<KernelFamily, TileConfig> out;
+  for (const auto& f : pairs) {
+    const auto eq = f.find('=');
+    if (eq == std::string::npos) throw InvalidArgument(option, fmt::format("'{}' is not FAMILY=TILE", f));
+    try {
+      out[parse_family(f.substr(0, eq))] = TileConfig::parse(f.substr(eq + 1));
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(option, e.what());
+    }
+  }
+  return out;
+}
+
 }  // namespace moeblaze::cli

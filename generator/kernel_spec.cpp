@@ -116,14 +116,23 @@ int stacked_b_tiles(KernelFamily f, Activation act) {
 }
 
 std::string TileConfig::to_string() const {
-  return fmt::format("{}x{}x{}_w{}x{}_s{}", bm, bn, bk, warps_m, warps_n, stages);
+  return fmt::format("{}x{}x{}_w{}x{}_s{}{}", bm, bn, bk, warps_m, warps_n, stages, wgmma ? "_wg" : "");
+}
+
+TileConfig wgmma_tile(int bm, int bn, int stages) { return TileConfig{bm, bn, 64, bm / 16, 1, stages, 1}; }
+
+bool supports_wgmma(KernelFamily f) {
+  return f == KernelFamily::up_proj || f == KernelFamily::down_proj || f == KernelFamily::router_logits;
 }
 
 TileConfig TileConfig::parse(const std::string& s) {
   TileConfig t;
-  char tail = 0;
-  if (std::sscanf(s.c_str(), "%dx%dx%d_w%dx%d_s%d%c", &t.bm, &t.bn, &t.bk, &t.warps_m, &t.warps_n, &t.stages, &tail) != 6)
-    throw InvalidArgument("tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS (e.g. 128x128x64_w2x4_s4)", s));
+  char tail[4] = {0, 0, 0, 0};
+  const int n = std::sscanf(s.c_str(), "%dx%dx%d_w%dx%d_s%d%3s", &t.bm, &t.bn, &t.bk, &t.warps_m, &t.warps_n,
+                            &t.stages, tail);
+  if (n == 7 && std::string(tail) == "_wg") t.wgmma = 1;
+  else if (n != 6)
+    throw InvalidArgument("tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS[_wg] (e.g. 128x128x64_w2x4_s4)", s));
   return t;
 }
 
@@ -157,9 +166,15 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
   if (!is_tiled(spec.family)) return {};
   const TileConfig& t = spec.tile;
   if (t.bk != 64) return "bk must be 64 (one 128-byte swizzle group per row)";
+  if (t.wgmma) {
+    if (!supports_wgmma(spec.family)) return "wgmma tiles need K-major operands (up_proj, down_proj, router_logits)";
+    if (t.warps_m != t.bm / 16 || t.warps_n != 1) return "wgmma tiles have bm/16 x 1 warps";
+    if (t.bm % 64) return "wgmma tiles cover whole warpgroups (bm a multiple of 64)";
+    if (t.bn != 64 && t.bn != 128 && t.bn != 256) return "wgmma bn must be 64, 128 or 256";
+  }
   if (t.bm % 64 || t.bn % 64 || t.bm > 256 || t.bn > 256) return "bm and bn must be 64, 128, 192 or 256";
-  if (t.bm % (16 * t.warps_m) || t.bn % (16 * t.warps_n)) return "warp tiles must be multiples of 16x16";
-  if ((t.bn / t.warps_n / 8) % 2) return "each warp needs an even number of n8 tiles";
+  if (t.bm % (16 * t.warps_m) || t.bn % (8 * t.warps_n)) return "warp tiles must be multiples of 16x8";
+  if (!t.wgmma && (t.bn / t.warps_n / 8) % 2) return "each warp needs an even number of n8 tiles";
   if (t.threads() > 512) return "at most 16 warps";
   if (t.stages < 2 || t.stages > 8) return "stages must be in [2, 8]";
   const int slot_tiled = spec.family == KernelFamily::up_proj || spec.family == KernelFamily::down_proj ||
@@ -188,8 +203,8 @@ GeneratedKernel generate(const KernelSpec& spec) {
   if (is_tiled(spec.family)) {
     const TileConfig& t = spec.tile;
     const int nb = stacked_b_tiles(spec.family, spec.layer.activation);
-    targs = fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}>, {}", t.bm, t.bn, t.bk, t.warps_m, t.warps_n,
-                        t.stages, nb, targs);
+    targs = fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, {}>, {}", t.bm, t.bn, t.bk, t.warps_m,
+                        t.warps_n, t.stages, nb, t.wgmma, targs);
     g.threads = t.threads();
     g.dynamic_smem = t.smem_bytes(nb);
   } else {

@@ -43,9 +43,13 @@ struct TileConfig {
   int bm = 128, bn = 128, bk = 64;
   int warps_m = 2, warps_n = 4;
   int stages = 3;
+  // 0: mma.sync warps; 1: wgmma warpgroups (EXPERIMENTAL, K-major families only; then
+  // warps_m = bm/16 and warps_n = 1, the accumulator layout of wgmma).
+  int wgmma = 0;
   int threads() const { return 32 * warps_m * warps_n; }
-  int smem_bytes(int nb) const { return stages * (bm * bk + nb * bn * bk) * 2; }
-  std::string to_string() const;  // "128x128x64_w2x4_s3"
+  // wgmma tiles reserve 1 KiB to align their 128-byte-swizzle atoms to 1024 bytes.
+  int smem_bytes(int nb) const { return stages * (bm * bk + nb * bn * bk) * 2 + (wgmma ? 1024 : 0); }
+  std::string to_string() const;  // "128x128x64_w2x4_s3", "..._wg" for wgmma
   // Inverse of to_string; throws InvalidArgument("tile", ...) on a malformed string.
   static TileConfig parse(const std::string& s);
   bool operator==(const TileConfig&) const = default;
@@ -61,6 +65,11 @@ struct KernelSpec {
 
 // Why a spec cannot be built (empty when it can): the tuner skips such configurations.
 std::string legality_problem(const KernelSpec& spec, int max_smem_bytes = 227 * 1024);
+
+// A wgmma tile (EXPERIMENTAL) for a family that supports it: bm x bn, `stages` deep.
+TileConfig wgmma_tile(int bm, int bn, int stages);
+// Whether the family's operands are both K-major (the wgmma mainloop's requirement).
+bool supports_wgmma(KernelFamily f);
 
 struct GeneratedKernel {
   KernelSpec spec;

@@ -11,7 +11,7 @@
 
 namespace moeblaze {
 
-std::vector<BuiltKernel> compile_all(const std::vector<KernelSpec>& specs, unsigned threads) {
+std::vector<BuiltKernel> compile_all(const std::vector<KernelSpec>& specs, unsigned threads, bool keep_ptx) {
   std::vector<BuiltKernel> out(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) out[i].generated = generate(specs[i]);
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
@@ -22,7 +22,8 @@ std::vector<BuiltKernel> compile_all(const std::vector<KernelSpec>& specs, unsig
   auto worker = [&] {
     for (size_t i = next++; i < out.size(); i = next++) {
       try {
-        out[i].compiled = compile_kernel(out[i].generated.source, CompileOptions{out[i].generated.spec.arch, {}});
+        out[i].compiled =
+            compile_kernel(out[i].generated.source, CompileOptions{out[i].generated.spec.arch, {}, keep_ptx});
       } catch (...) {
         std::lock_guard lock(error_mutex);
         if (!first_error) first_error = std::current_exception();

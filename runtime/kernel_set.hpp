@@ -31,7 +31,8 @@ struct LaunchObserver {
 
 // Compiles every spec with NVRTC using up to `threads` threads (0 = hardware threads).
 // The first failure is rethrown after all threads finish.
-std::vector<BuiltKernel> compile_all(const std::vector<KernelSpec>& specs, unsigned threads = 0);
+std::vector<BuiltKernel> compile_all(const std::vector<KernelSpec>& specs, unsigned threads = 0,
+                                     bool keep_ptx = false);
 
 class KernelSet {
  public:

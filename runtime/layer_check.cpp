@@ -131,11 +131,12 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
   const std::string arch = cc_major == 9 && cc_minor == 0 ? "sm_90a" : fmt::format("sm_{}{}", cc_major, cc_minor);
   LayerCheckResult res;
   std::optional<MoeLayer> built;
-  if (o.cache) {
+  if (o.cache || !o.force.empty()) {
     DeviceContext dc(0);
     LoadOptions lo;
     lo.tokens = T;
     lo.policy = o.policy;
+    lo.force = o.force;
     LoadReport lr;
     built.emplace(std::make_shared<KernelSet>(load_kernels(l, dc.info(), o.cache, lo, &lr)));
     res.kernels = lr.summary();

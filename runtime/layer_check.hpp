@@ -4,6 +4,7 @@
 // Library code: the CLI (forward-check, grad-check) and the GPU tests call it.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@ struct LayerCheckOptions {
   // Kernels from this cache (tuned tiles, cached binaries) instead of the default tiles.
   KernelCache* cache = nullptr;
   std::string policy;  // tuning policy for the lookup (measurement_policy)
+  std::map<KernelFamily, TileConfig> force;  // these families run with these tiles
 };
 
 struct ErrorLine {

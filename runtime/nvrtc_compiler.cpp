@@ -131,6 +131,12 @@ CompiledKernel compile_kernel(const KernelSource& source, const CompileOptions& 
   Program::check(nvrtcGetCUBINSize(prog.get(), &n), "nvrtcGetCUBINSize");
   out.cubin.resize(n);
   Program::check(nvrtcGetCUBIN(prog.get(), out.cubin.data()), "nvrtcGetCUBIN");
+  if (options.keep_ptx) {
+    size_t p = 0;
+    Program::check(nvrtcGetPTXSize(prog.get(), &p), "nvrtcGetPTXSize");
+    out.ptx.resize(p);
+    Program::check(nvrtcGetPTX(prog.get(), out.ptx.data()), "nvrtcGetPTX");
+  }
   out.log = log;
   out.options = std::move(opts);
   out.resources = parse_resource_report(log, source.kernel_name);

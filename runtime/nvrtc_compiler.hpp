@@ -26,12 +26,14 @@ struct ResourceReport {
 struct CompileOptions {
   std::string arch = "sm_90a";
   std::vector<std::string> extra;  // appended as they are
+  bool keep_ptx = false;           // also return the PTX (to check which instructions a kernel uses)
 };
 
 struct CompiledKernel {
   std::string kernel_name;
   std::string arch;
   std::vector<char> cubin;
+  std::string ptx;  // only with CompileOptions::keep_ptx
   ResourceReport resources;
   std::string log;  // full NVRTC log (ptxas -v report included)
   std::vector<std::string> options;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 
 #include "heuristics.hpp"
 
@@ -45,6 +46,14 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
   std::stable_sort(all.begin() + 1, all.end(),
                    [&](const TileConfig& a, const TileConfig& b) { return distance(a) < distance(b); });
   if (static_cast<int>(all.size()) > limit) all.resize(limit);
+  // wgmma tiles are not verified on a GPU yet: offered only on request.
+  if (const char* e = std::getenv("MOEBLAZE_EXPERIMENTAL_WGMMA"); e && std::string(e) == "1" && supports_wgmma(family))
+    for (int bm : {64, 128})
+      for (int bn : {64, 128, 256})
+        for (int stages : {3, 4}) {
+          const TileConfig t = wgmma_tile(bm, bn, stages);
+          if (legality_problem(KernelSpec{family, layer, t, arch}).empty()) all.push_back(t);
+        }
   return all;
 }
 

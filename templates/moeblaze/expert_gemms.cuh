@@ -3,7 +3,7 @@
 // Shape parameters are compiled in: E experts, K picks, D model width, N expert width,
 // ACT activation. G = 2 for gated activations ([A|B] side by side), else 1.
 #pragma once
-#include "moeblaze/gemm/mainloop.cuh"
+#include "moeblaze/gemm/wgmma_mainloop.cuh"
 #include "moeblaze/gemm/rows.cuh"
 #include "moeblaze/kernel_args.cuh"
 
@@ -29,7 +29,7 @@ MB_DEV void up_proj(const UpProjArgs& p) {
                             G == 2 ? static_cast<const bf16_t*>(p.w3) + w_off : nullptr,
                             Cfg::BN, n_rows, G == 2 ? n_rows : 0, D, D};
   float acc[Cfg::NB][Cfg::MT][Cfg::NT][4];
-  gemm::mainloop<Cfg, true, true>(acc, a, b, D, gemm::dynamic_smem());
+  gemm::run_mainloop<Cfg, true, true>(acc, a, b, D, gemm::dynamic_smem());
 
   bf16_t* H = static_cast<bf16_t*>(p.H);
   bf16_t* h = static_cast<bf16_t*>(p.h);
@@ -68,7 +68,7 @@ MB_DEV void down_proj(const DownProjArgs& p) {
   const gemm::Rows b{w2 + (static_cast<i64>(t.expert) * D + t.n0) * N, nullptr,
                      D - t.n0 < Cfg::BN ? D - t.n0 : Cfg::BN, N, N};
   float acc[1][Cfg::MT][Cfg::NT][4];
-  gemm::mainloop<Cfg, true, true>(acc, a, b, N, gemm::dynamic_smem());
+  gemm::run_mainloop<Cfg, true, true>(acc, a, b, N, gemm::dynamic_smem());
   bf16_t* o = static_cast<bf16_t*>(p.o);
   gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
     const int col = t.n0 + c;

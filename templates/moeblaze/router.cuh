@@ -2,7 +2,7 @@
 // logits; plus the two router GEMMs of backward (dx += dlogits W_r, dW_r = dlogits^T x).
 // One warp per token for the selection; E (<= 512) scores live in registers.
 #pragma once
-#include "moeblaze/gemm/mainloop.cuh"
+#include "moeblaze/gemm/wgmma_mainloop.cuh"
 #include "moeblaze/gemm/rows.cuh"
 #include "moeblaze/kernel_args.cuh"
 
@@ -165,7 +165,7 @@ MB_DEV void logits_gemm(const RouterGemmArgs& p) {
   const gemm::Rows b{static_cast<const bf16_t*>(p.w_router) + static_cast<i64>(n0) * D, nullptr,
                      E - n0 < Cfg::BN ? E - n0 : Cfg::BN, D, D};
   float acc[1][Cfg::MT][Cfg::NT][4];
-  gemm::mainloop<Cfg, true, true>(acc, a, b, D, gemm::dynamic_smem());
+  gemm::run_mainloop<Cfg, true, true>(acc, a, b, D, gemm::dynamic_smem());
   float* out = static_cast<float*>(p.out);
   gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
     const int col = n0 + c;

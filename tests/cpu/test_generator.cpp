@@ -172,3 +172,30 @@ TEST_CASE("generator: the template hash changes with the templates and is stable
   CHECK(fnv1a64("a") != fnv1a64("b"));
   CHECK(embedded_templates().size() >= 8);
 }
+
+TEST_CASE("generator: wgmma tiles (experimental) compile for every suite shape, use wgmma, do not spill") {
+  for (const Preset& p : presets()) {
+    if (!p.in_suite) continue;
+    SUBCASE(p.name.c_str()) {
+      std::vector<KernelSpec> specs;
+      for (KernelFamily f : {KernelFamily::up_proj, KernelFamily::down_proj, KernelFamily::router_logits}) {
+        const TileConfig t = f == KernelFamily::up_proj ? wgmma_tile(128, 128, 3) : wgmma_tile(128, 256, 3);
+        const KernelSpec s{f, p.layer, t, "sm_90a"};
+        REQUIRE_MESSAGE(legality_problem(s).empty(), legality_problem(s));
+        specs.push_back(s);
+      }
+      const auto built = compile_all(specs, 0, true);
+      check_compiled_without_spills(built);
+      for (const auto& b : built) {
+        INFO(b.compiled.kernel_name);
+        CHECK(b.compiled.ptx.find("wgmma.mma_async.sync.aligned.m64n") != std::string::npos);
+        CHECK(b.compiled.ptx.find("mma.sync") == std::string::npos);
+      }
+    }
+  }
+  // The default tiles stay on mma.sync (verified on the GPU); wgmma is refused where an operand is MN-major.
+  const LayerConfig l = find_preset("qwen3-30b-a3b").layer;
+  CHECK(!legality_problem(KernelSpec{KernelFamily::down_wgrad, l, wgmma_tile(128, 128, 3), "sm_90a"}).empty());
+  CHECK(TileConfig::parse("128x128x64_w8x1_s3_wg") == wgmma_tile(128, 128, 3));
+  CHECK(wgmma_tile(128, 128, 3).to_string() == "128x128x64_w8x1_s3_wg");
+}

@@ -17,14 +17,17 @@
 
 namespace moeblaze::gemm {
 
-template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_, int NB_ = 1>
+// WGMMA_: 0 = mma.sync warps, 1 = wgmma warpgroups (wgmma_mainloop.cuh; then
+// WARPS_M = BM/16 and WARPS_N = 1, which is how wgmma lays out its accumulators).
+template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_, int NB_ = 1, int WGMMA_ = 0>
 struct Tile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_;
   static constexpr int STAGES = STAGES_, NB = NB_;
+  static constexpr bool WGMMA = WGMMA_ != 0;
   static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
   static constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;  // warp tile
   static constexpr int MT = WTM / 16, NT = WTN / 8;             // mma tiles per warp
-  static_assert(BM % (16 * WARPS_M) == 0 && BN % (16 * WARPS_N) == 0, "warp tile must be 16x16 multiples");
+  static_assert(BM % (16 * WARPS_M) == 0 && BN % (8 * WARPS_N) == 0, "warp tile must be 16x8 multiples");
   static_assert(BK % 64 == 0 && BM % 64 == 0 && BN % 64 == 0, "tile sides must be multiples of 64");
   static_assert(STAGES >= 2, "at least double buffering");
   static constexpr int A_ELEMS = BM * BK, B_ELEMS = NB * BN * BK;
