@@ -149,6 +149,15 @@ TEST_CASE("tuner: binaries come from the cache after the first build; any key ch
   s2.layer.shape.hidden = 136;
   CHECK(binary_key(g1, CompileOptions{}) != binary_key(generate(s2), CompileOptions{}));
   CHECK(binary_key(g1, CompileOptions{"sm_90a", {}}) != binary_key(g1, CompileOptions{"sm_90a", {"-G"}}));
+  // Another architecture or NVRTC version is another key: a binary cached for them is a miss.
+  CHECK(binary_key(g1, CompileOptions{"sm_90a", {}}) != binary_key(g1, CompileOptions{"sm_80", {}}));
+  const std::string ours = binary_key(g1, CompileOptions{});
+  CHECK(ours.find("nvrtc=" + nvrtc_version()) != std::string::npos);
+  std::string other_nvrtc = ours.substr(0, ours.find("nvrtc=")) + "nvrtc=12.9";
+  CachedBinary foreign = to_cached(a[0], other_nvrtc);
+  foreign.key_hash = key_hash(ours);  // even under our hash, the full key decides
+  cache.put_binary(foreign);
+  CHECK(!cache.find_binary(key_hash(ours), ours).has_value());
 }
 
 TEST_CASE("tuner: without a GPU, tune compiles every candidate into the cache and says timing needs a GPU") {
