@@ -121,9 +121,7 @@ std::string TileConfig::to_string() const {
 
 TileConfig wgmma_tile(int bm, int bn, int stages) { return TileConfig{bm, bn, 64, bm / 16, 1, stages, 1}; }
 
-bool supports_wgmma(KernelFamily f) {
-  return f == KernelFamily::up_proj || f == KernelFamily::down_proj || f == KernelFamily::router_logits;
-}
+bool supports_wgmma(KernelFamily f) { return is_tiled(f); }
 
 TileConfig TileConfig::parse(const std::string& s) {
   TileConfig t;
@@ -167,7 +165,7 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
   const TileConfig& t = spec.tile;
   if (t.bk != 64) return "bk must be 64 (one 128-byte swizzle group per row)";
   if (t.wgmma) {
-    if (!supports_wgmma(spec.family)) return "wgmma tiles need K-major operands (up_proj, down_proj, router_logits)";
+    if (!supports_wgmma(spec.family)) return "wgmma tiles are for GEMM families";
     if (t.warps_m != t.bm / 16 || t.warps_n != 1) return "wgmma tiles have bm/16 x 1 warps";
     if (t.bm % 64) return "wgmma tiles cover whole warpgroups (bm a multiple of 64)";
     if (t.bn != 64 && t.bn != 128 && t.bn != 256) return "wgmma bn must be 64, 128 or 256";

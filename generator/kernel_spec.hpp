@@ -43,8 +43,8 @@ struct TileConfig {
   int bm = 128, bn = 128, bk = 64;
   int warps_m = 2, warps_n = 4;
   int stages = 3;
-  // 0: mma.sync warps; 1: wgmma warpgroups (EXPERIMENTAL, K-major families only; then
-  // warps_m = bm/16 and warps_n = 1, the accumulator layout of wgmma).
+  // 0: mma.sync warps; 1: wgmma warpgroups (EXPERIMENTAL; then warps_m = bm/16 and
+  // warps_n = 1, the accumulator layout of wgmma).
   int wgmma = 0;
   int threads() const { return 32 * warps_m * warps_n; }
   // wgmma tiles reserve 1 KiB to align their 128-byte-swizzle atoms to 1024 bytes.
@@ -68,7 +68,8 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes = 227 * 
 
 // A wgmma tile (EXPERIMENTAL) for a family that supports it: bm x bn, `stages` deep.
 TileConfig wgmma_tile(int bm, int bn, int stages);
-// Whether the family's operands are both K-major (the wgmma mainloop's requirement).
+// Whether the family can run wgmma tiles (every GEMM family; MN-major operands use wgmma's
+// transposed form).
 bool supports_wgmma(KernelFamily f);
 
 struct GeneratedKernel {

@@ -111,4 +111,12 @@ MB_DEV int swizzle(int row, int col) {
   return row * COLS + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
 }
 
+// The same tile with its columns in blocks of 64: block b holds columns [64b, 64b+64) of every
+// row as a [ROWS][64] swizzled tile. This is the MN-major 128-byte-swizzle layout of wgmma
+// (8-row atoms of 1024 bytes; the next 64 columns one block further).
+template <int ROWS>
+MB_DEV int swizzle_blocked(int row, int col) {
+  return (col >> 6) * (ROWS * 64) + row * 64 + ((((col >> 3) & 7) ^ (row & 7)) << 3) + (col & 7);
+}
+
 }  // namespace moeblaze

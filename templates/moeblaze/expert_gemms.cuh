@@ -107,7 +107,7 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
   __shared__ float red_s[Cfg::BM][Cfg::WARPS_N];
   for (int r = threadIdx.x; r < Cfg::BM; r += Cfg::THREADS)
     gate_s[r] = r < t.rows ? slot_gate<K>(p.rv, t.slot0 + r, t.expert) : 0.f;
-  gemm::mainloop<Cfg, true, false>(acc, a, b, D, gemm::dynamic_smem());  // ends with a barrier
+  gemm::run_mainloop<Cfg, true, false>(acc, a, b, D, gemm::dynamic_smem());  // ends with a barrier
 
   const bf16_t* H = static_cast<const bf16_t*>(p.H);
   bf16_t* dH = static_cast<bf16_t*>(p.dH);
@@ -204,7 +204,7 @@ MB_DEV void down_wgrad(const WgradArgs& p) {
   const gemm::Rows a{dy + w.m0, p.rv.expert_token_indices + w.slot0, w.count, D, D - w.m0};
   const gemm::Rows b{hg + static_cast<i64>(w.slot0) * N + w.n0, nullptr, w.count, N, N - w.n0};
   float acc[1][Cfg::MT][Cfg::NT][4];
-  gemm::mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem());
+  gemm::run_mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem());
   const int elem = p.accumulate_fp32 ? 4 : 2;
   char* out = static_cast<char*>(p.out0);
   store_wgrad<Cfg>(acc, D - w.m0, N - w.n0, w.n0, p.accumulate_fp32, [&](int r) -> void* {
@@ -222,7 +222,7 @@ MB_DEV void up_wgrad(const WgradArgs& p) {
   const gemm::Rows a{dH + static_cast<i64>(w.slot0) * (G * N) + w.m0, nullptr, w.count, G * N, G * N - w.m0};
   const gemm::Rows b{x + w.n0, p.rv.expert_token_indices + w.slot0, w.count, D, D - w.n0};
   float acc[1][Cfg::MT][Cfg::NT][4];
-  gemm::mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem());
+  gemm::run_mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem());
   const int elem = p.accumulate_fp32 ? 4 : 2;
   char* out0 = static_cast<char*>(p.out0);
   char* out1 = static_cast<char*>(p.out1);
@@ -248,7 +248,7 @@ MB_DEV void up_dgrad(const UpDgradArgs& p) {
                             G == 2 ? static_cast<const bf16_t*>(p.w3) + w_off : nullptr,
                             N, N, G == 2 ? N : 0, D, D - t.n0};
   float acc[1][Cfg::MT][Cfg::NT][4];
-  gemm::mainloop<Cfg, true, false>(acc, a, b, G * N, gemm::dynamic_smem());
+  gemm::run_mainloop<Cfg, true, false>(acc, a, b, G * N, gemm::dynamic_smem());
   bf16_t* dxs = static_cast<bf16_t*>(p.dxs);
   gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
     const int col = t.n0 + c;

@@ -187,7 +187,7 @@ MB_DEV void dgrad_gemm(const RouterGemmArgs& p) {
   const gemm::Rows a{static_cast<const bf16_t*>(p.d_logits) + m0 * EP, nullptr, rows, EP, EP};
   const gemm::Rows b{static_cast<const bf16_t*>(p.w_router) + n0, nullptr, E, D, D - n0};
   float acc[1][Cfg::MT][Cfg::NT][4];
-  gemm::mainloop<Cfg, true, false>(acc, a, b, EP, gemm::dynamic_smem());
+  gemm::run_mainloop<Cfg, true, false>(acc, a, b, EP, gemm::dynamic_smem());
   bf16_t* dx = static_cast<bf16_t*>(p.out);
   gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
     const int col = n0 + c;
@@ -209,7 +209,7 @@ MB_DEV void wgrad_gemm(const RouterGemmArgs& p) {
   const gemm::Rows a{static_cast<const bf16_t*>(p.d_logits) + m0, nullptr, tokens, EP, EP - m0};
   const gemm::Rows b{static_cast<const bf16_t*>(p.x) + n0, nullptr, tokens, D, D - n0};
   float acc[1][Cfg::MT][Cfg::NT][4];
-  gemm::mainloop<Cfg, false, false>(acc, a, b, tokens, gemm::dynamic_smem());
+  gemm::run_mainloop<Cfg, false, false>(acc, a, b, tokens, gemm::dynamic_smem());
   gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
     const int row = m0 + r, col = n0 + c;
     if (row >= E || col >= D) return;

@@ -43,7 +43,7 @@ check "generate preset" 0 "16 kernels compiled, 0 with spills" "$BIN" generate -
 check "generate json" 0 '"kernels_with_spills": 0' "$BIN" generate $SMALL --json
 check "generate plain activation" 0 "0 with spills" "$BIN" generate $SMALL --activation gelu
 check "generate wgmma tiles" 0 "up_proj .* wgmma .*_wg" "$BIN" generate --preset qwen3-30b-a3b --tile up_proj=128x128x64_w8x1_s3_wg --tile down_proj=128x256x64_w8x1_s3_wg
-check "generate bad tile" 2 "tile: .*K-major" "$BIN" generate $SMALL --tile down_wgrad=128x128x64_w8x1_s3_wg
+check "generate bad tile" 2 "tile: .*bm/16 x 1 warps" "$BIN" generate $SMALL --tile down_wgrad=128x128x64_w2x4_s3_wg
 check "generate malformed tile" 2 "--tile: .*not of the form" "$BIN" generate $SMALL --tile up_proj=big
 check "plan" 0 "recompute +held +3.0 MiB" "$BIN" plan --preset qwen3-30b-a3b
 check "plan json" 0 '"h_floor_bytes": 805306368' "$BIN" plan --preset qwen3-30b-a3b --json

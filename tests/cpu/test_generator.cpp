@@ -173,17 +173,20 @@ TEST_CASE("generator: the template hash changes with the templates and is stable
   CHECK(embedded_templates().size() >= 8);
 }
 
-TEST_CASE("generator: wgmma tiles (experimental) compile for every suite shape, use wgmma, do not spill") {
+TEST_CASE("generator: wgmma tiles (experimental) compile for every GEMM of every suite shape, use wgmma, do not spill") {
   for (const Preset& p : presets()) {
     if (!p.in_suite) continue;
     SUBCASE(p.name.c_str()) {
       std::vector<KernelSpec> specs;
-      for (KernelFamily f : {KernelFamily::up_proj, KernelFamily::down_proj, KernelFamily::router_logits}) {
-        const TileConfig t = f == KernelFamily::up_proj ? wgmma_tile(128, 128, 3) : wgmma_tile(128, 256, 3);
-        const KernelSpec s{f, p.layer, t, "sm_90a"};
-        REQUIRE_MESSAGE(legality_problem(s).empty(), legality_problem(s));
-        specs.push_back(s);
+      for (const auto& s : layer_kernel_specs(p.layer, "sm_90a")) {
+        if (!is_tiled(s.family)) continue;
+        // Gated up_proj stacks W1 and W3: bn 128 keeps 128 accumulators per thread.
+        const TileConfig t = s.family == KernelFamily::up_proj ? wgmma_tile(128, 128, 3) : wgmma_tile(128, 128, 4);
+        const KernelSpec w{s.family, p.layer, t, "sm_90a"};
+        REQUIRE_MESSAGE(legality_problem(w).empty(), legality_problem(w));
+        specs.push_back(w);
       }
+      REQUIRE(specs.size() == 9);
       const auto built = compile_all(specs, 0, true);
       check_compiled_without_spills(built);
       for (const auto& b : built) {
@@ -193,9 +196,11 @@ TEST_CASE("generator: wgmma tiles (experimental) compile for every suite shape, 
       }
     }
   }
-  // The default tiles stay on mma.sync (verified on the GPU); wgmma is refused where an operand is MN-major.
+  // The default tiles stay on mma.sync (the verified path) until wgmma has run on a GPU.
   const LayerConfig l = find_preset("qwen3-30b-a3b").layer;
-  CHECK(!legality_problem(KernelSpec{KernelFamily::down_wgrad, l, wgmma_tile(128, 128, 3), "sm_90a"}).empty());
+  for (const auto& s : layer_kernel_specs(l, "sm_90a")) CHECK(s.tile.wgmma == 0);
   CHECK(TileConfig::parse("128x128x64_w8x1_s3_wg") == wgmma_tile(128, 128, 3));
   CHECK(wgmma_tile(128, 128, 3).to_string() == "128x128x64_w8x1_s3_wg");
+  CHECK(!legality_problem(KernelSpec{KernelFamily::down_wgrad, l, TileConfig{128, 128, 64, 2, 4, 3, 1}, "sm_90a"})
+             .empty());  // wgmma needs the bm/16 x 1 warp layout
 }

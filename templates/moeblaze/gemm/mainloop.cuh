@@ -38,7 +38,9 @@ struct Tile {
 // Loads a [ROWS][COLS] tile into swizzled shared memory, 16 bytes per cp.async.
 // KMAJOR: rows fixed (pointers cached once), the column window moves along k.
 // !KMAJOR: rows are k and move, the column window is fixed.
-template <int ROWS, int COLS, int THREADS, bool KMAJOR, class Src>
+// BLOCKED: columns stored in 64-wide blocks (swizzle_blocked; the wgmma MN-major layout);
+// for 64-column tiles both layouts are the same.
+template <int ROWS, int COLS, int THREADS, bool KMAJOR, class Src, bool BLOCKED = false>
 struct TileLoader {
   static constexpr int CHUNKS_PER_ROW = COLS / 8;
   static constexpr int CHUNKS = ROWS * CHUNKS_PER_ROW;
@@ -76,7 +78,8 @@ struct TileLoader {
         ok = p != nullptr && col < src.limit;
         p = ok ? p + col : nullptr;
       }
-      cp_async16(smem + swizzle<COLS>(r, col), ok ? p : src.fallback(), ok);
+      const int at = BLOCKED ? swizzle_blocked<ROWS>(r, col) : swizzle<COLS>(r, col);
+      cp_async16(smem + at, ok ? p : src.fallback(), ok);
     }
   }
 };

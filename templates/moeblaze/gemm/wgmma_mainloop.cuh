@@ -1,12 +1,17 @@
-// Hopper (sm_90a) mainloop: the same cp.async multi-stage pipeline and swizzled tiles as
-// mainloop.cuh, with the tensor-core work issued by warpgroups through wgmma on
+// Hopper (sm_90a) mainloop: the same cp.async multi-stage pipeline as mainloop.cuh into
+// 128-byte-swizzled tiles, with the tensor-core work issued by warpgroups through wgmma on
 // shared-memory descriptors. EXPERIMENTAL: compiled and checked for wgmma in CI, not yet
 // verified on a GPU; the tuner offers it only with MOEBLAZE_EXPERIMENTAL_WGMMA=1.
 //
-// Operands: both K-major (A [BM][64], B [NB*BN][64] per stage). A 64-element (128-byte) row
-// with the 16-byte chunk XORed by (row & 7) is exactly wgmma's 128-byte-swizzle K-major
-// layout: 8-row atoms of 1024 bytes (stride byte offset), the k16 step inside an atom is a
-// 32-byte advance of the start address. Tile bases are 1024-byte aligned.
+// Operands, per stage, 128-byte swizzle (PTX ISA "shared memory matrix layout"):
+//   K-major ([rows][64 k]): a 64-element row with its 16-byte chunk XORed by (row & 7) is the
+//     K-major atom; 8-row atoms of 1024 bytes (stride byte offset); a k16 step advances the
+//     start address by 32 bytes inside the atom; leading byte offset unused.
+//   MN-major ([64 k][cols], wgmma's transposed operand): columns in 64-wide blocks
+//     (swizzle_blocked), each block [64 k][64] with k rows 128 bytes apart: 8-row groups 1024
+//     bytes apart (stride byte offset), the next 64 columns one block (64*128 bytes) further
+//     (leading byte offset); a k16 step advances the start address by 16 rows = 2048 bytes.
+// Tile bases are 1024-byte aligned.
 //
 // Warp layout: warpgroup g computes rows [64g, 64g+64) with one m64nBNk16 per k16 step and
 // B tile. Its accumulators are the m16n8 C fragments of warp 4g+w (rows 16(4g+w)..+15) for
@@ -18,13 +23,27 @@
 
 namespace moeblaze::gemm {
 
-// Shared-memory matrix descriptor, 128-byte swizzle, K-major (PTX ISA "matrix descriptor"):
-// bits 0-13 start address >> 4, 16-29 leading byte offset >> 4 (unused for this layout),
-// 32-45 stride byte offset >> 4 (1024: one 8-row atom), 62-63 swizzle mode (1 = 128 B).
-MB_DEV unsigned long long sw128_desc(const void* smem) {
+// Shared-memory matrix descriptor, 128-byte swizzle (PTX ISA "matrix descriptor"): bits 0-13
+// start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4 (1024: one
+// 8-row atom), 62-63 swizzle mode (1 = 128 B).
+MB_DEV unsigned long long sw128_desc(const void* smem, unsigned leading_bytes = 16) {
   const unsigned long long addr = smem_addr(smem);
-  return ((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((1024ull >> 4) << 32) | (1ull << 62);
+  return ((addr & 0x3FFFF) >> 4) | (static_cast<unsigned long long>(leading_bytes >> 4) << 16) |
+         ((1024ull >> 4) << 32) | (1ull << 62);
 }
+
+// Descriptor of a warpgroup's operand inside a stage tile, and its advance per k16 step (in
+// 16-byte units of the start-address field).
+template <bool KMAJOR, int BK>
+struct Operand {
+  // K-major: `first_row` rows down a [rows][64] tile. MN-major: `first_col` columns right in
+  // a blocked [BK][cols] tile (a multiple of 64).
+  static MB_DEV unsigned long long desc(const bf16_t* tile, int first) {
+    if constexpr (KMAJOR) return sw128_desc(tile + first * 64);
+    else return sw128_desc(tile + (first / 64) * BK * 64, BK * 128);
+  }
+  static constexpr unsigned long long k16_step = KMAJOR ? 32 / 16 : 16 * 128 / 16;
+};
 
 MB_DEV void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 MB_DEV void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -43,7 +62,7 @@ MB_DEV bf16_t* align_1024(bf16_t* p) {
   return reinterpret_cast<bf16_t*>((a + 1023) & ~1023ull);
 }
 
-template <class Cfg, class ASrc, class BSrc>
+template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, class ASrc, class BSrc>
 MB_DEV void wgmma_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASrc& a_src, const BSrc& b_src,
                            int k_size, bf16_t* smem_raw) {
   static_assert(Cfg::WARPS_N == 1 && Cfg::WTM == 16 && Cfg::MT == 1, "wgmma tiles: one 16-row slab per warp");
@@ -59,8 +78,13 @@ MB_DEV void wgmma_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASr
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[nb][0][nt][i] = 0.f;
 
-  const TileLoader<Cfg::BM, Cfg::BK, Cfg::THREADS, true, ASrc> a_load(a_src, tid);
-  const TileLoader<Cfg::NB * Cfg::BN, Cfg::BK, Cfg::THREADS, true, BSrc> b_load(b_src, tid);
+  static_assert(B_KMAJOR || Cfg::NB == 1, "stacked B tiles are K-major");
+  constexpr int A_ROWS = A_KMAJOR ? Cfg::BM : Cfg::BK, A_COLS = A_KMAJOR ? Cfg::BK : Cfg::BM;
+  constexpr int B_ROWS = B_KMAJOR ? Cfg::NB * Cfg::BN : Cfg::BK, B_COLS = B_KMAJOR ? Cfg::BK : Cfg::BN;
+  const TileLoader<A_ROWS, A_COLS, Cfg::THREADS, A_KMAJOR, ASrc, true> a_load(a_src, tid);
+  const TileLoader<B_ROWS, B_COLS, Cfg::THREADS, B_KMAJOR, BSrc, true> b_load(b_src, tid);
+  using OpA = Operand<A_KMAJOR, Cfg::BK>;
+  using OpB = Operand<B_KMAJOR, Cfg::BK>;
   const int k_tiles = (k_size + Cfg::BK - 1) / Cfg::BK;
 #pragma unroll
   for (int s = 0; s < Cfg::STAGES - 1; ++s) {
@@ -83,16 +107,16 @@ MB_DEV void wgmma_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASr
     }
     cp_async_commit();
     const bf16_t* stage = smem + (kt % Cfg::STAGES) * Cfg::STAGE_ELEMS;
-    const unsigned long long a_desc = sw128_desc(stage + warpgroup * 64 * Cfg::BK);
+    const unsigned long long a_desc = OpA::desc(stage, warpgroup * 64);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Cfg::BK / 16; ++kk)
 #pragma unroll
       for (int nb = 0; nb < Cfg::NB; ++nb) {
-        const unsigned long long b_desc = sw128_desc(stage + Cfg::A_ELEMS + nb * Cfg::BN * Cfg::BK);
-        // k16 step = 32 bytes = 2 units of the start-address field.
-        Wgmma<Cfg::BN>::mma(*reinterpret_cast<float(*)[ACC]>(&acc[nb][0][0][0]), a_desc + 2 * kk,
-                            b_desc + 2 * kk, 1);
+        const unsigned long long b_desc = OpB::desc(stage + Cfg::A_ELEMS, nb * Cfg::BN);
+        Wgmma<Cfg::BN, A_KMAJOR ? 0 : 1, B_KMAJOR ? 0 : 1>::mma(*reinterpret_cast<float(*)[ACC]>(&acc[nb][0][0][0]),
+                                                               a_desc + OpA::k16_step * kk,
+                                                               b_desc + OpB::k16_step * kk, 1);
       }
     wgmma_commit();
     wgmma_wait<0>();
@@ -101,13 +125,12 @@ MB_DEV void wgmma_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASr
   __syncthreads();
 }
 
-// The mainloop a tile config asks for. MN-major operands exist only for mma.sync tiles.
+// The mainloop a tile config asks for.
 template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, class ASrc, class BSrc>
 MB_DEV void run_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASrc& a, const BSrc& b, int k_size,
                          bf16_t* smem) {
   if constexpr (Cfg::WGMMA) {
-    static_assert(A_KMAJOR && B_KMAJOR, "wgmma mainloop: K-major operands only");
-    wgmma_mainloop<Cfg>(acc, a, b, k_size, smem);
+    wgmma_mainloop<Cfg, A_KMAJOR, B_KMAJOR>(acc, a, b, k_size, smem);
   } else {
     mainloop<Cfg, A_KMAJOR, B_KMAJOR>(acc, a, b, k_size, smem);
   }
