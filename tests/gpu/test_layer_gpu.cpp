@@ -6,6 +6,7 @@
 
 #include <cstdio>
 
+#include "bf16.hpp"
 #include "cuda_driver.hpp"
 #include "layer_check.hpp"
 
@@ -97,4 +98,70 @@ TEST_CASE("gpu: layer forward and backward match the CPU reference") {
                           r.forward_ms, r.backward_ms));
     }
   }
+}
+
+TEST_CASE("gpu: routing ids on the device that are out of range or repeated are reported, nothing is written out of bounds") {
+  DeviceContext ctx(0);
+  LayerConfig l;
+  l.shape = {8, 2, 64, 64};
+  const MoeLayer layer = MoeLayer::build(l, ctx.info().arch());
+  const int64_t T = 64;
+  const MemoryPlan plan = layer.memory_plan(T, CheckpointMode::save_h);
+  DeviceBuffer x(T * 64 * 2), w1(8 * 64 * 64 * 2), w3(8 * 64 * 64 * 2), w2(8 * 64 * 64 * 2), y(T * 64 * 2),
+      ids(T * 2 * 4), gates(T * 2 * 4), saved(plan.saved_bytes), scratch(plan.forward_scratch_bytes);
+  std::vector<bf16> ones(8 * 64 * 64, to_bf16(0.01f));
+  x.upload(ones.data(), x.size());
+  w1.upload(ones.data(), w1.size());
+  w3.upload(ones.data(), w3.size());
+  w2.upload(ones.data(), w2.size());
+  std::vector<float> g(T * 2, 0.5f);
+  gates.upload(g.data(), gates.size());
+  ForwardArgs a;
+  a.x = {x.get(), DType::bf16, {T, 64}};
+  a.topk_ids = {ids.get(), DType::i32, {T, 2}};
+  a.topk_weights = {gates.get(), DType::f32, {T, 2}};
+  a.w1 = {w1.get(), DType::bf16, {8, 64, 64}};
+  a.w3 = {w3.get(), DType::bf16, {8, 64, 64}};
+  a.w2 = {w2.get(), DType::bf16, {8, 64, 64}};
+  a.y = {y.get(), DType::bf16, {T, 64}};
+  a.saved = saved.get();
+  a.saved_bytes = saved.size();
+  a.scratch = scratch.get();
+  a.scratch_bytes = scratch.size();
+  a.check_routing = true;
+  Stream stream;
+  auto run_with = [&](int bad_slot, int value) {
+    std::vector<int32_t> h(T * 2);
+    for (int64_t t = 0; t < T; ++t) {
+      h[t * 2] = static_cast<int32_t>(t % 8);
+      h[t * 2 + 1] = static_cast<int32_t>((t + 3) % 8);
+    }
+    if (bad_slot >= 0) h[bad_slot] = value;
+    ids.upload(h.data(), ids.size());
+    layer.forward(a, stream.get());
+  };
+  CHECK_NOTHROW(run_with(-1, 0));
+  try {
+    run_with(17, 8);  // id 8 with E = 8
+    FAIL("an out-of-range id was accepted");
+  } catch (const InvalidArgument& e) {
+    CHECK(e.argument == "topk_ids");
+    CHECK(std::string(e.what()).find("outside [0, 8)") != std::string::npos);
+  }
+  try {
+    run_with(11, 5);  // token 5 picks expert (5+3)%8 = 0 ... and now 5 twice
+    FAIL("a repeated expert was accepted");
+  } catch (const InvalidArgument& e) {
+    CHECK(e.argument == "topk_ids");
+    CHECK(std::string(e.what()).find("twice") != std::string::npos);
+  }
+  try {
+    run_with(0, -1);
+    FAIL("a negative id was accepted");
+  } catch (const InvalidArgument& e) {
+    CHECK(e.argument == "topk_ids");
+  }
+  stream.synchronize();  // and the context is still healthy (no illegal address)
+  CHECK_NOTHROW(run_with(-1, 0));
+  stream.synchronize();
 }
