@@ -45,10 +45,11 @@ TimingWorkspace::TimingWorkspace(const LayerConfig& layer_in, int64_t T, const s
   if (layer.router != RouterKind::none) {
     wr = random_bf16(size_t(E) * d, std::sqrt(3.f / d), seed * 100 + 93);
   } else {
-    // Caller routing drawn on the host (the same draw as the layer check).
+    // Caller routing drawn on the host (the same draw as the layer check). "router" on a
+    // layer without a built-in router means random caller routing.
     std::vector<int32_t> hid;
     std::vector<float> hg;
-    draw_routing(routing, T, E, K, seed * 100 + 94, hid, hg);
+    draw_routing(routing == "router" ? "random" : routing, T, E, K, seed * 100 + 94, hid, hg);
     ids = DeviceBuffer(hid.size() * 4);
     ids.upload(hid.data(), ids.size());
     gates = DeviceBuffer(hg.size() * 4);
