@@ -116,10 +116,13 @@ int stacked_b_tiles(KernelFamily f, Activation act) {
 }
 
 std::string TileConfig::to_string() const {
-  return fmt::format("{}x{}x{}_w{}x{}_s{}{}", bm, bn, bk, warps_m, warps_n, stages, wgmma ? "_wg" : "");
+  return fmt::format("{}x{}x{}_w{}x{}_s{}{}", bm, bn, bk, warps_m, warps_n, stages,
+                     wgmma == 2 ? "_ws" : wgmma == 1 ? "_wg" : "");
 }
 
-TileConfig wgmma_tile(int bm, int bn, int stages) { return TileConfig{bm, bn, 64, bm / 16, 1, stages, 1}; }
+TileConfig wgmma_tile(int bm, int bn, int stages, bool warp_specialized) {
+  return TileConfig{bm, bn, 64, bm / 16, 1, stages, warp_specialized ? 2 : 1};
+}
 
 bool supports_wgmma(KernelFamily f) { return is_tiled(f); }
 
@@ -129,8 +132,10 @@ TileConfig TileConfig::parse(const std::string& s) {
   const int n = std::sscanf(s.c_str(), "%dx%dx%d_w%dx%d_s%d%3s", &t.bm, &t.bn, &t.bk, &t.warps_m, &t.warps_n,
                             &t.stages, tail);
   if (n == 7 && std::string(tail) == "_wg") t.wgmma = 1;
+  else if (n == 7 && std::string(tail) == "_ws") t.wgmma = 2;
   else if (n != 6)
-    throw InvalidArgument("tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS[_wg] (e.g. 128x128x64_w2x4_s4)", s));
+    throw InvalidArgument(
+        "tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS[_wg|_ws] (e.g. 128x128x64_w2x4_s4)", s));
   return t;
 }
 
@@ -169,6 +174,7 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
     if (t.warps_m != t.bm / 16 || t.warps_n != 1) return "wgmma tiles have bm/16 x 1 warps";
     if (t.bm % 64) return "wgmma tiles cover whole warpgroups (bm a multiple of 64)";
     if (t.bn != 64 && t.bn != 128 && t.bn != 256) return "wgmma bn must be 64, 128 or 256";
+    if (t.warp_specialized() && t.bm > 128) return "warp-specialised tiles have one or two consumer warpgroups";
   }
   if (t.bm % 64 || t.bn % 64 || t.bm > 256 || t.bn > 256) return "bm and bn must be 64, 128, 192 or 256";
   if (t.bm % (16 * t.warps_m) || t.bn % (8 * t.warps_n)) return "warp tiles must be multiples of 16x8";
@@ -182,7 +188,8 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
   const int acc_regs = (t.bm / t.warps_m) * (t.bn / t.warps_n) * nb / 32;
   if (acc_regs > 160) return fmt::format("{} accumulator registers per thread is too many", acc_regs);
   const int chunks_a = t.bm * t.bk / 8, chunks_b = nb * t.bn * t.bk / 8;
-  if (chunks_a % t.threads() || chunks_b % t.threads()) return "tile loads must divide evenly among threads";
+  if (chunks_a % t.loader_threads() || chunks_b % t.loader_threads())
+    return "tile loads must divide evenly among threads";
   if (t.smem_bytes(nb) > max_smem_bytes)
     return fmt::format("{} bytes of shared memory exceeds {}", t.smem_bytes(nb), max_smem_bytes);
   return {};

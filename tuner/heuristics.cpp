@@ -2,9 +2,22 @@
 
 namespace moeblaze {
 
+namespace {
+bool is_hopper(const std::string& arch) { return arch == "sm_90a"; }
+}  // namespace
+
 TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std::string& arch) {
-  (void)arch;  // one heuristic for sm_80..sm_90a while the kernels are mma.sync based
-  TileConfig t;  // 128x128x64, 2x4 warps, 3 stages
+  if (is_hopper(arch) && is_tiled(family)) {
+    // wgmma warpgroups (verified on an H200, bench/NOTES.md). Gated up_proj stacks W1 and W3
+    // (2 x bn accumulator columns), so it keeps bn 128; down_proj has a wide output row.
+    switch (family) {
+      case KernelFamily::up_proj: return wgmma_tile(128, 128, is_gated(layer.activation) ? 3 : 4);
+      case KernelFamily::down_proj: return wgmma_tile(128, 256, 3);
+      case KernelFamily::router_logits: return wgmma_tile(128, 64, 4);
+      default: return wgmma_tile(128, 128, 4);
+    }
+  }
+  TileConfig t;  // mma.sync: 128x128x64, 2x4 warps, 3 stages
   switch (family) {
     case KernelFamily::up_proj:
       // Gated: W1 and W3 tiles side by side, so the block covers 2*bn columns.

@@ -136,7 +136,10 @@ def test_training_loss_curves_agree():
             losses.append(loss.item())
         curves.append(losses)
     a, b = torch.tensor(curves[0]), torch.tensor(curves[1])
-    assert ((a - b).abs() / b.abs()).mean().item() < 0.01
+    # Each step's loss carries bf16 rounding noise of its own (different summation orders), so
+    # the curves are compared over windows of 10 steps: every window mean within 1%.
+    wa, wb = a.view(-1, 10).mean(1), b.view(-1, 10).mean(1)
+    assert ((wa - wb).abs() / wb.abs()).max().item() < 0.01, ((wa - wb).abs() / wb.abs())
     assert a[-20:].mean() < a[:20].mean()  # it trains
 
 

@@ -3,7 +3,7 @@
 // Shape parameters are compiled in: E experts, K picks, D model width, N expert width,
 // ACT activation. G = 2 for gated activations ([A|B] side by side), else 1.
 #pragma once
-#include "moeblaze/gemm/wgmma_mainloop.cuh"
+#include "moeblaze/gemm/ws_mainloop.cuh"
 #include "moeblaze/gemm/rows.cuh"
 #include "moeblaze/kernel_args.cuh"
 
@@ -114,6 +114,7 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
   bf16_t* hg = static_cast<bf16_t*>(p.hg);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warp_m = warp / Cfg::WARPS_N, warp_n = warp % Cfg::WARPS_N;
+  if (threadIdx.x < Cfg::THREADS)  // a warp-specialised tile's producer holds no accumulators
 #pragma unroll
   for (int mt = 0; mt < Cfg::MT; ++mt)
 #pragma unroll

@@ -173,16 +173,17 @@ TEST_CASE("generator: the template hash changes with the templates and is stable
   CHECK(embedded_templates().size() >= 8);
 }
 
-TEST_CASE("generator: wgmma tiles (experimental) compile for every GEMM of every suite shape, use wgmma, do not spill") {
+// Compiles the nine GEMM families of every suite shape with the tile `pick` returns and checks
+// the PTX for wgmma (no mma.sync) and the cubin for spills.
+template <class Pick>
+void check_wgmma_tiles_compile(Pick pick, bool warp_specialized) {
   for (const Preset& p : presets()) {
     if (!p.in_suite) continue;
     SUBCASE(p.name.c_str()) {
       std::vector<KernelSpec> specs;
       for (const auto& s : layer_kernel_specs(p.layer, "sm_90a")) {
         if (!is_tiled(s.family)) continue;
-        // Gated up_proj stacks W1 and W3: bn 128 keeps 128 accumulators per thread.
-        const TileConfig t = s.family == KernelFamily::up_proj ? wgmma_tile(128, 128, 3) : wgmma_tile(128, 128, 4);
-        const KernelSpec w{s.family, p.layer, t, "sm_90a"};
+        const KernelSpec w{s.family, p.layer, pick(s.family), "sm_90a"};
         REQUIRE_MESSAGE(legality_problem(w).empty(), legality_problem(w));
         specs.push_back(w);
       }
@@ -192,15 +193,44 @@ TEST_CASE("generator: wgmma tiles (experimental) compile for every GEMM of every
       for (const auto& b : built) {
         INFO(b.compiled.kernel_name);
         CHECK(b.compiled.ptx.find("wgmma.mma_async.sync.aligned.m64n") != std::string::npos);
-        CHECK(b.compiled.ptx.find("mma.sync") == std::string::npos);
+        CHECK(b.compiled.ptx.find("mma.sync.aligned.m16n8k16") == std::string::npos);
+        CHECK((b.compiled.ptx.find("mbarrier.try_wait") != std::string::npos) == warp_specialized);
+        CHECK((b.compiled.ptx.find("cp.async.mbarrier.arrive.noinc") != std::string::npos) == warp_specialized);
       }
     }
   }
-  // The default tiles stay on mma.sync (the verified path) until wgmma has run on a GPU.
+}
+
+TEST_CASE("generator: wgmma tiles compile for every GEMM of every suite shape, use wgmma, do not spill") {
+  check_wgmma_tiles_compile(
+      [](KernelFamily f) {
+        // Gated up_proj stacks W1 and W3: bn 128 keeps 128 accumulators per thread.
+        return f == KernelFamily::up_proj ? wgmma_tile(128, 128, 3) : wgmma_tile(128, 128, 4);
+      },
+      false);
   const LayerConfig l = find_preset("qwen3-30b-a3b").layer;
-  for (const auto& s : layer_kernel_specs(l, "sm_90a")) CHECK(s.tile.wgmma == 0);
   CHECK(TileConfig::parse("128x128x64_w8x1_s3_wg") == wgmma_tile(128, 128, 3));
   CHECK(wgmma_tile(128, 128, 3).to_string() == "128x128x64_w8x1_s3_wg");
   CHECK(!legality_problem(KernelSpec{KernelFamily::down_wgrad, l, TileConfig{128, 128, 64, 2, 4, 3, 1}, "sm_90a"})
              .empty());  // wgmma needs the bm/16 x 1 warp layout
 }
+
+TEST_CASE("generator: warp-specialised wgmma tiles compile for every GEMM of every suite shape, do not spill") {
+  check_wgmma_tiles_compile(
+      [](KernelFamily f) {
+        return f == KernelFamily::up_proj ? wgmma_tile(128, 128, 3, true)
+               : f == KernelFamily::down_proj ? wgmma_tile(128, 256, 3, true)
+                                              : wgmma_tile(128, 128, 4, true);
+      },
+      true);
+  const LayerConfig l = find_preset("qwen3-30b-a3b").layer;
+  const TileConfig ws = wgmma_tile(128, 128, 4, true);
+  CHECK(ws.to_string() == "128x128x64_w8x1_s4_ws");
+  CHECK(TileConfig::parse("128x128x64_w8x1_s4_ws") == ws);
+  CHECK(ws.threads() == 384);
+  CHECK(ws.compute_threads() == 256);
+  CHECK(legality_problem(KernelSpec{KernelFamily::up_wgrad, l, wgmma_tile(64, 128, 4, true), "sm_90a"}).empty());
+  CHECK(!legality_problem(KernelSpec{KernelFamily::up_wgrad, l, wgmma_tile(256, 128, 3, true), "sm_90a"})
+             .empty());  // at most two consumer warpgroups
+}
+

@@ -140,7 +140,7 @@ TEST_CASE("tuner: binaries come from the cache after the first build; any key ch
     CHECK(b[i].compiled.resources.registers == a[i].compiled.resources.registers);
   }
   // Another tile or another shape is another binary.
-  specs[0].tile.stages = 3;
+  specs[0].tile.stages = specs[0].tile.stages == 3 ? 2 : 3;
   LoadReport third;
   build_with_cache({specs[0]}, &cache, &third);
   CHECK(third.compiled == 1);

@@ -17,14 +17,18 @@
 
 namespace moeblaze::gemm {
 
-// WGMMA_: 0 = mma.sync warps, 1 = wgmma warpgroups (wgmma_mainloop.cuh; then
-// WARPS_M = BM/16 and WARPS_N = 1, which is how wgmma lays out its accumulators).
+// WGMMA_: 0 = mma.sync warps, 1 = wgmma warpgroups (wgmma_mainloop.cuh), 2 = wgmma consumer
+// warpgroups plus one producer warpgroup (ws_mainloop.cuh). With wgmma WARPS_M = BM/16 and
+// WARPS_N = 1, which is how wgmma lays out its accumulators. THREADS counts the warps that
+// hold accumulators (the consumers); BLOCK_THREADS is the launch size.
 template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_, int NB_ = 1, int WGMMA_ = 0>
 struct Tile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_;
   static constexpr int STAGES = STAGES_, NB = NB_;
   static constexpr bool WGMMA = WGMMA_ != 0;
+  static constexpr bool WARP_SPECIALIZED = WGMMA_ == 2;
   static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
+  static constexpr int BLOCK_THREADS = THREADS + (WARP_SPECIALIZED ? 128 : 0);
   static constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;  // warp tile
   static constexpr int MT = WTM / 16, NT = WTN / 8;             // mma tiles per warp
   static_assert(BM % (16 * WARPS_M) == 0 && BN % (8 * WARPS_N) == 0, "warp tile must be 16x8 multiples");
@@ -192,6 +196,7 @@ MB_DEV void mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASrc& a_s
 // same of B tile 1 when NB == 2.
 template <class Cfg, class F>
 MB_DEV void for_each_pair(const float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], F&& f) {
+  if (threadIdx.x >= Cfg::THREADS) return;  // the producer warpgroup holds no accumulators
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warp_m = warp / Cfg::WARPS_N, warp_n = warp % Cfg::WARPS_N;
 #pragma unroll

@@ -1,7 +1,7 @@
 // Hopper (sm_90a) mainloop: the same cp.async multi-stage pipeline as mainloop.cuh into
 // 128-byte-swizzled tiles, with the tensor-core work issued by warpgroups through wgmma on
-// shared-memory descriptors. EXPERIMENTAL: compiled and checked for wgmma in CI, not yet
-// verified on a GPU; the tuner offers it only with MOEBLAZE_EXPERIMENTAL_WGMMA=1.
+// shared-memory descriptors. Verified on an H200 (2026-11-30) on every GEMM family; the
+// warp-specialised variant is ws_mainloop.cuh.
 //
 // Operands, per stage, 128-byte swizzle (PTX ISA "shared memory matrix layout"):
 //   K-major ([rows][64 k]): a 64-element row with its 16-byte chunk XORed by (row & 7) is the
@@ -123,17 +123,6 @@ MB_DEV void wgmma_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASr
   }
   cp_async_wait<0>();
   __syncthreads();
-}
-
-// The mainloop a tile config asks for.
-template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, class ASrc, class BSrc>
-MB_DEV void run_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASrc& a, const BSrc& b, int k_size,
-                         bf16_t* smem) {
-  if constexpr (Cfg::WGMMA) {
-    wgmma_mainloop<Cfg, A_KMAJOR, B_KMAJOR>(acc, a, b, k_size, smem);
-  } else {
-    mainloop<Cfg, A_KMAJOR, B_KMAJOR>(acc, a, b, k_size, smem);
-  }
 }
 
 }  // namespace moeblaze::gemm
