@@ -3,7 +3,7 @@
 # wgmma checks, the Python GPU tests and the suite bench on the shapes in $SUITE_SHAPES.
 # Every log goes into $OUT/logs.tar.gz (the device tool returns at most 8 files); a summary
 # line per step goes to stdout and $OUT/summary.txt.
-# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma py bench (default: all)
+# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws defaults py bench (default: gpu ws py bench)
 set -u
 OUT=${OUT:-device-out}
 LOG=$OUT/logs
@@ -12,7 +12,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export MOEBLAZE_LIBRARY=$PWD/build/lib/libmoeblaze_c.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
 export MOEBLAZE_CACHE=${MOEBLAZE_CACHE:-/tmp/moeblaze-cache.db}
 BIN=build/bin/moeblaze
-steps=${*:-gpu wgmma py bench}
+steps=${*:-gpu ws py bench}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$LOG/gpu.txt"
 step() {  # step NAME TIMEOUT CMD...
   local name=$1 limit=$2; shift 2
@@ -26,17 +26,22 @@ step() {  # step NAME TIMEOUT CMD...
 }
 for s in $steps; do case $s in
 gpu) step gpu_tests 240 build/bin/moeblaze_gpu_tests ;;
-wgmma)
-  WGF="--tile up_proj=128x128x64_w8x1_s3_wg --tile down_proj=128x256x64_w8x1_s3_wg --tile router_logits=128x64x64_w8x1_s4_wg"
+wgmma|ws)  # the wgmma tiles of every GEMM family: "_wg" (shared pipeline) or "_ws" (warp-specialised)
+  X=$([ "$s" = ws ] && echo _ws || echo _wg)
+  WGF="--tile up_proj=128x128x64_w8x1_s3$X --tile down_proj=128x256x64_w8x1_s3$X --tile router_logits=128x64x64_w8x1_s4$X"
   WG="$WGF"
-  for f in down_dgrad down_wgrad up_wgrad up_dgrad router_dgrad router_wgrad; do WG="$WG --tile $f=128x128x64_w8x1_s4_wg"; done
-  step wg_small_fwd 120 $BIN forward-check -E 8 -K 2 -d 256 -n 128 -T 300 $WGF
-  step wg_small_grad 120 $BIN grad-check -E 8 -K 2 -d 256 -n 128 -T 300 $WG
-  step wg_small_skew 120 $BIN grad-check -E 64 -K 8 -d 256 -n 192 -T 1000 --router none --routing skewed $WG
+  for f in down_dgrad down_wgrad up_wgrad up_dgrad router_dgrad router_wgrad; do WG="$WG --tile $f=128x128x64_w8x1_s4$X"; done
+  step ${s}_small_fwd 120 $BIN forward-check -E 8 -K 2 -d 256 -n 128 -T 300 $WGF
+  step ${s}_small_grad 120 $BIN grad-check -E 8 -K 2 -d 256 -n 128 -T 300 $WG
+  step ${s}_small_skew 120 $BIN grad-check -E 64 -K 8 -d 256 -n 192 -T 1000 --router none --routing skewed $WG
+  step ${s}_small_recompute 120 $BIN grad-check -E 60 -K 4 -d 136 -n 200 -T 777 --mode recompute --activation geglu $WG
   for p in ${WG_PRESETS:-qwen3-30b-a3b}; do
-    step "wg_grad_$p" 200 $BIN grad-check --preset "$p" $WG
-    step "wg_bench_$p" 200 $BIN bench --preset "$p" --no-cache $WG
-    step "mma_bench_$p" 200 $BIN bench --preset "$p" --no-cache
+    step "${s}_grad_$p" 200 $BIN grad-check --preset "$p" $WG
+    step "${s}_bench_$p" 200 $BIN bench --preset "$p" --no-cache $WG
+  done ;;
+defaults)  # grad-check every suite preset with the default tiles
+  for p in ${PRESETS:-mixtral-8x7b gpt-oss-20b olmoe-1b-7b qwen3-30b-a3b deepseek-v3 qwen3-next-80b}; do
+    step "default_grad_$p" 200 $BIN grad-check --preset "$p"
   done ;;
 py) step py_tests 400 python3 -m pytest -x -q python/tests ;;
 bench) step suite 500 python3 bench/suite.py --shapes "${SUITE_SHAPES:-qwen3-30b-a3b}" \
