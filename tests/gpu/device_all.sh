@@ -3,7 +3,7 @@
 # wgmma checks, the Python GPU tests and the suite bench on the shapes in $SUITE_SHAPES.
 # Every log goes into $OUT/logs.tar.gz (the device tool returns at most 8 files); a summary
 # line per step goes to stdout and $OUT/summary.txt.
-# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws defaults py bench (default: gpu ws py bench)
+# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws defaults tune py bench (default: gpu ws py bench)
 set -u
 OUT=${OUT:-device-out}
 LOG=$OUT/logs
@@ -42,6 +42,11 @@ wgmma|ws)  # the wgmma tiles of every GEMM family: "_wg" (shared pipeline) or "_
 defaults)  # grad-check every suite preset with the default tiles
   for p in ${PRESETS:-mixtral-8x7b gpt-oss-20b olmoe-1b-7b qwen3-30b-a3b deepseek-v3 qwen3-next-80b}; do
     step "default_grad_$p" 200 $BIN grad-check --preset "$p"
+  done ;;
+tune)  # tune the presets into $MOEBLAZE_CACHE (the suite and the CLI bench then load the winners)
+  for p in ${PRESETS:-qwen3-30b-a3b}; do
+    step "tune_$p" 300 $BIN tune --preset "$p" --budget "${TUNE_BUDGET:-75}" --candidates "${TUNE_CANDIDATES:-8}"
+    tail -n 14 "$LOG/tune_$p.log"
   done ;;
 py) step py_tests 400 python3 -m pytest -x -q python/tests ;;
 bench) step suite 500 python3 bench/suite.py --shapes "${SUITE_SHAPES:-qwen3-30b-a3b}" \
