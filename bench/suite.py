@@ -26,6 +26,7 @@ sys.path.insert(0, str(HERE.parent / "python"))
 sys.path.insert(0, str(HERE))
 import moeblaze.torch as mbt  # noqa: E402
 from baselines import torch_grouped_mm, torch_loop  # noqa: E402
+from report import write_plot, write_table  # noqa: E402
 from moeblaze.reference import route  # noqa: E402
 
 SUITE = json.loads((HERE / "suite.json").read_text())["shapes"]
@@ -144,7 +145,8 @@ def main():
     ap.add_argument("--shapes", default=",".join(s["name"] for s in SUITE))
     ap.add_argument("--impls", default="moeblaze,torch-grouped_mm,torch-loop")
     ap.add_argument("--routing", default="random,skewed")
-    ap.add_argument("--sweep", action="store_true", help="T = 4096..65536 on qwen3-30b-a3b and deepseek-v3 (when in --shapes)")
+    ap.add_argument("--sweep", action="store_true", help="token sweep T = 4096..65536 on --sweep-shapes (when in --shapes)")
+    ap.add_argument("--sweep-shapes", default="qwen3-30b-a3b,deepseek-v3")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", default=str(HERE / "results" / datetime.date.today().isoformat()))
     a = ap.parse_args()
@@ -162,7 +164,7 @@ def main():
           f"copy {res['ceilings']['copy_tbps']:.2f} TB/s", flush=True)
     cases = [(s, r, s["T"]) for s in SUITE if s["name"] in names for r in a.routing.split(",")]
     if a.sweep:
-        cases += [(s, "random", T) for s in SUITE if s["name"] in names and s["name"] in ("qwen3-30b-a3b", "deepseek-v3")
+        cases += [(s, "random", T) for s in SUITE if s["name"] in names and s["name"] in a.sweep_shapes.split(",")
                   for T in (4096, 8192, 16384, 32768, 65536) if T != s["T"]]
     for shape, routing, T in cases:
         for impl in a.impls.split(","):
@@ -182,66 +184,6 @@ def main():
     write_table(res, out / "table.md")
     write_plot(res, out / "tflops.png")
     print((out / "table.md").read_text())
-
-
-def write_table(res, path):
-    lines = [f"# moeblaze suite, {res['date']}, {res['device']}, torch {res['torch']}", "",
-             f"Ceilings in this run: dense bf16 GEMM {res['ceilings']['gemm_tflops']:.0f} TFLOP/s, copy "
-             f"{res['ceilings']['copy_tbps']:.2f} TB/s.", "",
-             "| shape | routing | T | impl | fwd ms | step ms | TFLOP/s | act MiB | peak MiB | step vs best baseline | peak vs best baseline |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    groups = {}
-    for r in res["results"]:
-        groups.setdefault((r["shape"], r["routing"], r["tokens"]), []).append(r)
-    for (shape, routing, T), rows in groups.items():
-        base = [r for r in rows if r["impl"] != "moeblaze" and "error" not in r]
-        best = min(base, key=lambda r: r["step_ms"]) if base else None
-        best_peak = min((r["peak_mib"] for r in base), default=None)
-        for r in rows:
-            if "error" in r:
-                lines.append(f"| {shape} | {routing} | {T} | {r['impl']} | {r['error']} | | | | | | |")
-                continue
-            ratio = f"{best['step_ms'] / r['step_ms']:.2f}x" if best else "-"
-            pr = f"{r['peak_mib'] / best_peak:.2f}x" if best_peak else "-"
-            lines.append(f"| {shape} | {routing} | {T} | {r['impl']} | {r['fwd_ms']:.2f} | {r['step_ms']:.2f} | "
-                         f"{r['tflops']:.0f} | {r['act_mib']:.0f} | {r['peak_mib']:.0f} | {ratio} | {pr} |")
-    for name, k in res["kernels"].items():
-        if "kernels" not in k:
-            continue
-        lines += ["", f"## {name}: per-kernel breakdown (C++ bench, tuned kernels: {k.get('load', '')})", "",
-                  "| kernel | tile | ms/step | floor ms | TFLOP/s | GB/s |", "|---|---|---|---|---|---|"]
-        for kk in k["kernels"]:
-            lines.append(f"| {kk['family']} | {kk['tile']} | {kk['ms']:.3f} | {kk['floor_ms']:.3f} | {kk['tflops']:.0f} | {kk['gbps']:.0f} |")
-        lines.append(f"\nC++ step {k['step_ms']:.2f} ms (the binding's own step is in the table above).")
-    path.write_text("\n".join(lines) + "\n")
-
-
-def write_plot(res, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    rows = [r for r in res["results"] if r["routing"] == "random" and "error" not in r]
-    shapes = list(dict.fromkeys(r["shape"] for r in rows if r["tokens"] == next(s["T"] for s in SUITE if s["name"] == r["shape"])))
-    impls = list(dict.fromkeys(r["impl"] for r in rows))
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    width = 0.8 / max(1, len(impls))
-    for i, impl in enumerate(impls):
-        vals = []
-        for s in shapes:
-            m = [r["tflops"] for r in rows if r["impl"] == impl and r["shape"] == s
-                 and r["tokens"] == next(x["T"] for x in SUITE if x["name"] == s)]
-            vals.append(m[0] if m else 0)
-        ax.bar([j + i * width for j in range(len(shapes))], vals, width, label=impl)
-    ax.axhline(res["ceilings"]["gemm_tflops"], color="k", linestyle="--", label="dense GEMM ceiling")
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))], shapes, rotation=15)
-    ax.set_ylabel("TFLOP/s (18TKdn / step)")
-    ax.set_title(f"MoE layer forward+backward, {res['device']}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":

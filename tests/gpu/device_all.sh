@@ -3,7 +3,7 @@
 # wgmma checks, the Python GPU tests and the suite bench on the shapes in $SUITE_SHAPES.
 # Every log goes into $OUT/logs.tar.gz (the device tool returns at most 8 files); a summary
 # line per step goes to stdout and $OUT/summary.txt.
-# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws defaults tune py bench (default: gpu ws py bench)
+# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws defaults tune tuned mem py bench (default: gpu ws py bench)
 set -u
 OUT=${OUT:-device-out}
 LOG=$OUT/logs
@@ -14,15 +14,23 @@ export MOEBLAZE_CACHE=${MOEBLAZE_CACHE:-/tmp/moeblaze-cache.db}
 BIN=build/bin/moeblaze
 steps=${*:-gpu ws py bench}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$LOG/gpu.txt"
+# DEADLINE_S: seconds from now after which no step runs on (each step's timeout is cut to
+# fit), so a device call ends inside its limit with every log packed.
+T_END=$(( $(date +%s) + ${DEADLINE_S:-3600} ))
+pack() { tar czf "$OUT/logs.tar.gz" -C "$OUT" logs; }
 step() {  # step NAME TIMEOUT CMD...
   local name=$1 limit=$2; shift 2
   local t0=$(date +%s)
+  local left=$(( T_END - t0 ))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -le 5 ]; then echo "$name skipped: deadline" | tee -a "$OUT/summary.txt"; return; fi
   timeout "$limit" "$@" > "$LOG/$name.log" 2>&1
   local rc=$?
   printf '%-34s rc=%-3s %4ss | %s\n' "$name" "$rc" "$(( $(date +%s) - t0 ))" \
     "$(grep -E '^(PASS|FAIL)|step .* ms|passed|failed' "$LOG/$name.log" | tail -n 3 | tr '\n' ' ' | cut -c1-220)" \
     | tee -a "$OUT/summary.txt"
   [ $rc -eq 0 ] || tail -n 15 "$LOG/$name.log"
+  pack
 }
 for s in $steps; do case $s in
 gpu) step gpu_tests 240 build/bin/moeblaze_gpu_tests ;;
@@ -35,7 +43,7 @@ wgmma|ws)  # the wgmma tiles of every GEMM family: "_wg" (shared pipeline) or "_
   step ${s}_small_grad 120 $BIN grad-check -E 8 -K 2 -d 256 -n 128 -T 300 $WG
   step ${s}_small_skew 120 $BIN grad-check -E 64 -K 8 -d 256 -n 192 -T 1000 --router none --routing skewed $WG
   step ${s}_small_recompute 120 $BIN grad-check -E 60 -K 4 -d 136 -n 200 -T 777 --mode recompute --activation geglu $WG
-  for p in ${WG_PRESETS:-qwen3-30b-a3b}; do
+  for p in ${WG_PRESETS-qwen3-30b-a3b}; do
     step "${s}_grad_$p" 200 $BIN grad-check --preset "$p" $WG
     step "${s}_bench_$p" 200 $BIN bench --preset "$p" --no-cache $WG
   done ;;
@@ -46,10 +54,12 @@ defaults)  # grad-check every suite preset with the default tiles
 tune)  # tune the presets into $MOEBLAZE_CACHE (the suite and the CLI bench then load the winners)
   for p in ${PRESETS:-qwen3-30b-a3b}; do
     step "tune_$p" 300 $BIN tune --preset "$p" --budget "${TUNE_BUDGET:-75}" --candidates "${TUNE_CANDIDATES:-8}"
-    tail -n 14 "$LOG/tune_$p.log"
   done ;;
+tuned)  # grad-check the tuned kernels of the presets (after tune)
+  for p in ${PRESETS:-qwen3-30b-a3b}; do step "tuned_grad_$p" 200 $BIN grad-check --preset "$p" --tuned; done ;;
+mem) step memory_probe 120 python3 bench/memory_probe.py --shapes "${MEM_SHAPES:-mixtral-8x7b}" ;;
 py) step py_tests 400 python3 -m pytest -x -q python/tests ;;
 bench) step suite 500 python3 bench/suite.py --shapes "${SUITE_SHAPES:-qwen3-30b-a3b}" \
          --routing "${SUITE_ROUTING:-random}" --out "$OUT/suite" ${SUITE_ARGS:-} ;;
 esac; done
-tar czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$LOG"
+pack && rm -rf "$LOG"

@@ -11,7 +11,8 @@
 //     (swizzle_blocked), each block [64 k][64] with k rows 128 bytes apart: 8-row groups 1024
 //     bytes apart (stride byte offset), the next 64 columns one block (64*128 bytes) further
 //     (leading byte offset); a k16 step advances the start address by 16 rows = 2048 bytes.
-// Tile bases are 1024-byte aligned.
+// Tile bases are 1024-byte aligned. A gathered MN-major operand reads the row indices of a
+// stage one stage early (StageLoader), so the index load is off the copy-issue path.
 //
 // Warp layout: warpgroup g computes rows [64g, 64g+64) with one m64nBNk16 per k16 step and
 // B tile. Its accumulators are the m16n8 C fragments of warp 4g+w (rows 16(4g+w)..+15) for
@@ -62,6 +63,58 @@ MB_DEV bf16_t* align_1024(bf16_t* p) {
   return reinterpret_cast<bf16_t*>((a + 1023) & ~1023ull);
 }
 
+// A [BK][COLS] MN-major tile whose rows are k (and move with it), loaded 16 bytes per
+// cp.async into the blocked swizzled layout. The row keys of the next stage are read one
+// stage early (fetch), so a gathered row's index load does not stall the copy issue.
+template <int ROWS, int COLS, int THREADS, class Src>
+struct MnMajorLoader {
+  static constexpr int CHUNKS_PER_ROW = COLS / 8;
+  static_assert((ROWS * CHUNKS_PER_ROW) % THREADS == 0 && THREADS % CHUNKS_PER_ROW == 0, "even split");
+  static constexpr int PER_THREAD = ROWS * CHUNKS_PER_ROW / THREADS;
+  static constexpr int ROW_STEP = THREADS / CHUNKS_PER_ROW;
+  const Src& src;
+  int row0, col;
+  int keys[PER_THREAD];  // row keys of the stage to load next (src.key: -1 = no row)
+
+  MB_DEV MnMajorLoader(const Src& s, int tid) : src(s) {
+    row0 = tid / CHUNKS_PER_ROW;
+    col = (tid % CHUNKS_PER_ROW) * 8;
+  }
+  MB_DEV void fetch(int k0) {
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; ++i) keys[i] = src.key(k0 + row0 + i * ROW_STEP);
+  }
+  MB_DEV void load(bf16_t* smem) const {
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; ++i) {
+      const int r = row0 + i * ROW_STEP;
+      const bool ok = keys[i] >= 0 && col < src.limit;
+      const bf16_t* p = ok ? src.at(keys[i]) + col : src.fallback();
+      cp_async16(smem + swizzle_blocked<ROWS>(r, col), p, ok);
+    }
+  }
+};
+
+// The loader of one wgmma operand, stages issued in order: K-major operands keep their rows
+// (TileLoader caches the row pointers once); MN-major ones read the row keys of the next stage
+// (fetch) right after issuing a stage.
+template <int ROWS, int COLS, int THREADS, bool KMAJOR, class Src>
+struct StageLoader;
+template <int ROWS, int COLS, int THREADS, class Src>
+struct StageLoader<ROWS, COLS, THREADS, true, Src> {
+  TileLoader<ROWS, COLS, THREADS, true, Src, true> loader;
+  MB_DEV StageLoader(const Src& s, int tid) : loader(s, tid) {}
+  MB_DEV void fetch(int) {}
+  MB_DEV void load(bf16_t* smem, int k0) const { loader.load(smem, k0); }
+};
+template <int ROWS, int COLS, int THREADS, class Src>
+struct StageLoader<ROWS, COLS, THREADS, false, Src> {
+  MnMajorLoader<ROWS, COLS, THREADS, Src> loader;
+  MB_DEV StageLoader(const Src& s, int tid) : loader(s, tid) {}
+  MB_DEV void fetch(int k0) { loader.fetch(k0); }
+  MB_DEV void load(bf16_t* smem, int) const { loader.load(smem); }
+};
+
 template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, class ASrc, class BSrc>
 MB_DEV void wgmma_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASrc& a_src, const BSrc& b_src,
                            int k_size, bf16_t* smem_raw) {
@@ -81,8 +134,10 @@ MB_DEV void wgmma_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASr
   static_assert(B_KMAJOR || Cfg::NB == 1, "stacked B tiles are K-major");
   constexpr int A_ROWS = A_KMAJOR ? Cfg::BM : Cfg::BK, A_COLS = A_KMAJOR ? Cfg::BK : Cfg::BM;
   constexpr int B_ROWS = B_KMAJOR ? Cfg::NB * Cfg::BN : Cfg::BK, B_COLS = B_KMAJOR ? Cfg::BK : Cfg::BN;
-  const TileLoader<A_ROWS, A_COLS, Cfg::THREADS, A_KMAJOR, ASrc, true> a_load(a_src, tid);
-  const TileLoader<B_ROWS, B_COLS, Cfg::THREADS, B_KMAJOR, BSrc, true> b_load(b_src, tid);
+  StageLoader<A_ROWS, A_COLS, Cfg::THREADS, A_KMAJOR, ASrc> a_load(a_src, tid);
+  StageLoader<B_ROWS, B_COLS, Cfg::THREADS, B_KMAJOR, BSrc> b_load(b_src, tid);
+  a_load.fetch(0);
+  b_load.fetch(0);
   using OpA = Operand<A_KMAJOR, Cfg::BK>;
   using OpB = Operand<B_KMAJOR, Cfg::BK>;
   const int k_tiles = (k_size + Cfg::BK - 1) / Cfg::BK;
@@ -92,6 +147,8 @@ MB_DEV void wgmma_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASr
       bf16_t* stage = smem + s * Cfg::STAGE_ELEMS;
       a_load.load(stage, s * Cfg::BK);
       b_load.load(stage + Cfg::A_ELEMS, s * Cfg::BK);
+      a_load.fetch((s + 1) * Cfg::BK);
+      b_load.fetch((s + 1) * Cfg::BK);
     }
     cp_async_commit();
   }
@@ -104,6 +161,8 @@ MB_DEV void wgmma_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASr
       bf16_t* stage = smem + (next % Cfg::STAGES) * Cfg::STAGE_ELEMS;
       a_load.load(stage, next * Cfg::BK);
       b_load.load(stage + Cfg::A_ELEMS, next * Cfg::BK);
+      a_load.fetch((next + 1) * Cfg::BK);
+      b_load.fetch((next + 1) * Cfg::BK);
     }
     cp_async_commit();
     const bf16_t* stage = smem + (kt % Cfg::STAGES) * Cfg::STAGE_ELEMS;

@@ -22,7 +22,8 @@
 // waits for a buffer. Consumers keep one wgmma group in flight across stages.
 //
 // Gathered MN-major operands (the weight-gradient reductions over an expert's slots) read
-// their row indices one stage ahead, so the index load latency is off the issue path.
+// their row indices one stage ahead (StageLoader), so the index load latency is off the
+// issue path.
 #pragma once
 #include "moeblaze/gemm/wgmma_mainloop.cuh"
 
@@ -62,57 +63,6 @@ MB_DEV void cp_async_arrive_noinc(mbar_t* bar) {
 
 // No setmaxnreg: with it ptxas holds the whole kernel to the smaller (producer) budget and
 // spills; without it every suite-shape kernel fits the 168 registers of a 384-thread block.
-
-// A [BK][COLS] MN-major tile whose rows are k (and move with it), loaded 16 bytes per
-// cp.async into the blocked swizzled layout. The row keys of the next stage are read one
-// stage early (fetch), so a gathered row's index load does not stall the copy issue.
-template <int ROWS, int COLS, int THREADS, class Src>
-struct MnMajorLoader {
-  static constexpr int CHUNKS_PER_ROW = COLS / 8;
-  static_assert((ROWS * CHUNKS_PER_ROW) % THREADS == 0 && THREADS % CHUNKS_PER_ROW == 0, "even split");
-  static constexpr int PER_THREAD = ROWS * CHUNKS_PER_ROW / THREADS;
-  static constexpr int ROW_STEP = THREADS / CHUNKS_PER_ROW;
-  const Src& src;
-  int row0, col;
-  int keys[PER_THREAD];  // row keys of the stage to load next (src.key: -1 = no row)
-
-  MB_DEV MnMajorLoader(const Src& s, int tid) : src(s) {
-    row0 = tid / CHUNKS_PER_ROW;
-    col = (tid % CHUNKS_PER_ROW) * 8;
-  }
-  MB_DEV void fetch(int k0) {
-#pragma unroll
-    for (int i = 0; i < PER_THREAD; ++i) keys[i] = src.key(k0 + row0 + i * ROW_STEP);
-  }
-  MB_DEV void load(bf16_t* smem) const {
-#pragma unroll
-    for (int i = 0; i < PER_THREAD; ++i) {
-      const int r = row0 + i * ROW_STEP;
-      const bool ok = keys[i] >= 0 && col < src.limit;
-      const bf16_t* p = ok ? src.at(keys[i]) + col : src.fallback();
-      cp_async16(smem + swizzle_blocked<ROWS>(r, col), p, ok);
-    }
-  }
-};
-
-// The producer's loader of one operand: K-major operands keep their rows (TileLoader caches
-// the row pointers once); MN-major ones prefetch the next stage's row keys.
-template <int ROWS, int COLS, bool KMAJOR, class Src>
-struct ProducerLoader;
-template <int ROWS, int COLS, class Src>
-struct ProducerLoader<ROWS, COLS, true, Src> {
-  TileLoader<ROWS, COLS, 128, true, Src, true> loader;
-  MB_DEV ProducerLoader(const Src& s, int ptid) : loader(s, ptid) {}
-  MB_DEV void fetch(int) {}
-  MB_DEV void load(bf16_t* smem, int k0) const { loader.load(smem, k0); }
-};
-template <int ROWS, int COLS, class Src>
-struct ProducerLoader<ROWS, COLS, false, Src> {
-  MnMajorLoader<ROWS, COLS, 128, Src> loader;
-  MB_DEV ProducerLoader(const Src& s, int ptid) : loader(s, ptid) {}
-  MB_DEV void fetch(int k0) { loader.fetch(k0); }
-  MB_DEV void load(bf16_t* smem, int) const { loader.load(smem); }
-};
 
 // Keeps the compiler from moving accumulator reads above the wgmma wait (the registers are
 // written asynchronously, which the asm constraints of the issuing statement cannot say).
@@ -159,8 +109,8 @@ MB_DEV void ws_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASrc& 
     const int ptid = tid - Cfg::THREADS;
     constexpr int A_ROWS = A_KMAJOR ? Cfg::BM : Cfg::BK, A_COLS = A_KMAJOR ? Cfg::BK : Cfg::BM;
     constexpr int B_ROWS = B_KMAJOR ? Cfg::NB * Cfg::BN : Cfg::BK, B_COLS = B_KMAJOR ? Cfg::BK : Cfg::BN;
-    ProducerLoader<A_ROWS, A_COLS, A_KMAJOR, ASrc> a_load(a_src, ptid);
-    ProducerLoader<B_ROWS, B_COLS, B_KMAJOR, BSrc> b_load(b_src, ptid);
+    StageLoader<A_ROWS, A_COLS, 128, A_KMAJOR, ASrc> a_load(a_src, ptid);
+    StageLoader<B_ROWS, B_COLS, 128, B_KMAJOR, BSrc> b_load(b_src, ptid);
     a_load.fetch(0);
     b_load.fetch(0);
     int issued = 0, published = 0;
