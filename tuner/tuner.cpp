@@ -265,6 +265,9 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
           c.failure = e.what();
           layers[i].reset();
         }
+        if (!layers[i] && c.built)  // say why, so a failing default is diagnosable from the log
+          say(fmt::format("  {:<14} {} {}{}: {}", ft.family, c.spec.tile.to_string(), c.failure_status,
+                          i == 0 ? " (the default)" : "", c.failure));
       }
       if (fwd) state_is_default = false;
       // Interleaved timing: every sample visits every live candidate once.

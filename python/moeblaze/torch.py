@@ -164,9 +164,14 @@ def _setup_context(ctx, inputs, output):
     _, saved, state, _, _ = output
     ctx.save_for_backward(x, topk_weights, w_router, router_bias, w1, w3, w2, saved, state)
     ctx.cfg, ctx.route_scale = cfg, route_scale
+    # By default autograd hands backward a zero tensor for every output without a gradient,
+    # here the whole saved buffer (1.8 GiB on mixtral-8x7b) in the middle of the step.
+    ctx.set_materialize_grads(False)
 
 
 def _autograd_backward(ctx, dy, _dsaved, _dstate, _dcounts, _dgates):
+    if dy is None:  # y did not reach the loss: no gradient flows through the layer
+        return (None,) * 11
     x, topk_weights, w_router, router_bias, w1, w3, w2, saved, state = ctx.saved_tensors
     dx, dw1, dw3, dw2, dtw, dwr = _backward(dy.contiguous(), x, topk_weights, w_router, router_bias, w1, w3, w2,
                                             saved, state, ctx.cfg, ctx.route_scale)

@@ -67,6 +67,29 @@ def test_module_matches_reference(c):
     assert int(out.expert_counts.sum()) == c["T"] * c["K"]
 
 
+def test_step_memory_stays_within_the_plan():
+    """Peak extra memory of a training step (weight gradients excluded) is what the layer's
+    memory plan says: saved + the larger scratch + y + dx, nothing materialised by autograd."""
+    from moeblaze import _capi as C
+    E, K, d, n, T = 8, 2, 1024, 2048, 4096
+    m = make_layer(E, K, d, n)
+    x = torch.randn(T, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(T, d, device="cuda", dtype=torch.bfloat16)
+    m(x).y.backward(dy)  # kernels loaded, allocator warm
+    for p in list(m.parameters()) + [x]:
+        p.grad = None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    m(x).y.backward(dy)
+    torch.cuda.synchronize()
+    weight_grads = sum(p.numel() * p.element_size() for p in m.parameters())
+    peak = torch.cuda.max_memory_allocated() - base - weight_grads
+    plan = C.plan_memory(mbt._config(m.cfg, m.route_scale), T, "save-h")
+    expected = plan.saved_bytes + max(plan.forward_scratch_bytes, plan.backward_scratch_bytes) + 2 * T * d * 2
+    assert peak <= expected + (8 << 20), (peak / 2 ** 20, expected / 2 ** 20)
+
+
 def test_functional_caller_routing_gate_gradient():
     E, K, d, n, T = 16, 4, 128, 128, 500
     torch.manual_seed(1)
