@@ -8,22 +8,16 @@ bool is_hopper(const std::string& arch) { return arch == "sm_90a"; }
 
 TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std::string& arch) {
   if (is_hopper(arch) && is_tiled(family)) {
-    // wgmma: the winners of `moeblaze tune` on qwen3-30b-a3b, olmoe-1b-7b and qwen3-next-80b
-    // (bench/NOTES.md, 2026-11-30). Warp-specialised where a producer warpgroup pays: the
-    // forward GEMMs and the weight gradients (whose gathered k rows it prefetches). The
-    // dgrads prefer the shared pipeline at 3 stages, where two blocks fit on an SM and one's
-    // epilogue overlaps the other's mainloop.
+    // wgmma: the winners of `moeblaze tune` on the six suite shapes (bench/NOTES.md,
+    // 2026-11-30). Warp-specialised for the forward GEMMs; everything else on the shared
+    // pipeline at 3 stages, where two blocks fit on an SM and one's epilogue overlaps the
+    // other's mainloop (the weight gradients prefetch their gathered row indices).
     switch (family) {
       case KernelFamily::up_proj: return wgmma_tile(128, 128, 4, true);  // gated: 2 x 128 columns
       case KernelFamily::down_proj: return wgmma_tile(128, 256, 4, true);
-      case KernelFamily::down_dgrad:
-      case KernelFamily::up_dgrad:
-      case KernelFamily::router_dgrad: return wgmma_tile(128, 128, 3);
-      case KernelFamily::down_wgrad:
-      case KernelFamily::up_wgrad: return wgmma_tile(128, 256, 4, true);
-      case KernelFamily::router_logits: return wgmma_tile(128, 64, 4);
-      case KernelFamily::router_wgrad: return wgmma_tile(128, 64, 4, true);
-      default: break;
+      case KernelFamily::router_logits:
+      case KernelFamily::router_wgrad: return wgmma_tile(128, 64, 4);
+      default: return wgmma_tile(128, 128, 3);
     }
   }
   TileConfig t;  // mma.sync: 128x128x64, 2x4 warps, 3 stages

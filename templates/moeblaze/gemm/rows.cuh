@@ -18,6 +18,7 @@ struct Rows {
     return base + (idx ? static_cast<i64>(idx[r]) : static_cast<i64>(r)) * ld;
   }
   MB_DEV const bf16_t* fallback() const { return base; }
+  static constexpr bool kMayGather = true;
   // row(r) in two steps, so a gathered index can be loaded early and used later.
   MB_DEV int key(int r) const { return r < count ? (idx ? idx[r] : r) : -1; }
   MB_DEV const bf16_t* at(int key) const { return base + static_cast<i64>(key) * ld; }
@@ -38,8 +39,8 @@ struct TwoPartRows {
     return r < count1 ? base1 + static_cast<i64>(r) * ld : nullptr;
   }
   MB_DEV const bf16_t* fallback() const { return base0; }
-  MB_DEV int key(int r) const { return row(r) ? r : -1; }
-  MB_DEV const bf16_t* at(int r) const { return row(r); }
+  // Never gathered: its MN-major tiles load through TileLoader directly (StageLoader).
+  static constexpr bool kMayGather = false;
 };
 
 // Dynamic shared memory, 128-byte aligned, shared by every kernel of a translation unit.

@@ -95,6 +95,16 @@ struct MnMajorLoader {
   }
 };
 
+// std::conditional without the standard library (NVRTC compiles these headers alone).
+template <bool B, class T, class F>
+struct PickType {
+  using type = T;
+};
+template <class T, class F>
+struct PickType<false, T, F> {
+  using type = F;
+};
+
 // The loader of one wgmma operand, stages issued in order: K-major operands keep their rows
 // (TileLoader caches the row pointers once); MN-major ones read the row keys of the next stage
 // (fetch) right after issuing a stage.
@@ -109,10 +119,20 @@ struct StageLoader<ROWS, COLS, THREADS, true, Src> {
 };
 template <int ROWS, int COLS, int THREADS, class Src>
 struct StageLoader<ROWS, COLS, THREADS, false, Src> {
-  MnMajorLoader<ROWS, COLS, THREADS, Src> loader;
+  // Sources that never gather (TwoPartRows) keep the plain per-stage path: the key split
+  // measured 20-25% slower on up_dgrad (bench/NOTES.md).
+  static constexpr bool PREFETCH = Src::kMayGather;
+  using Loader = typename PickType<PREFETCH, MnMajorLoader<ROWS, COLS, THREADS, Src>,
+                                    TileLoader<ROWS, COLS, THREADS, false, Src, true>>::type;
+  Loader loader;
   MB_DEV StageLoader(const Src& s, int tid) : loader(s, tid) {}
-  MB_DEV void fetch(int k0) { loader.fetch(k0); }
-  MB_DEV void load(bf16_t* smem, int) const { loader.load(smem); }
+  MB_DEV void fetch(int k0) {
+    if constexpr (PREFETCH) loader.fetch(k0);
+  }
+  MB_DEV void load(bf16_t* smem, int k0) const {
+    if constexpr (PREFETCH) loader.load(smem);
+    else loader.load(smem, k0);
+  }
 };
 
 template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, class ASrc, class BSrc>
