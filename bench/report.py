@@ -75,6 +75,14 @@ def write_plot(res, path):
 
 
 
+def write_outputs(res, out):
+    """results.json, table.md and tflops.png under `out`; prints the table."""
+    (out / "results.json").write_text(json.dumps(res, indent=2))
+    write_table(res, out / "table.md")
+    write_plot(res, out / "tflops.png")
+    print((out / "table.md").read_text())
+
+
 def merge(files):
     """One results dict from several runs: the first run's header, every result and breakdown
     (a later run's entry for the same shape, routing, tokens and impl replaces an earlier one)."""
@@ -98,11 +106,7 @@ def main():
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    res = merge(a.results)
-    (out / "results.json").write_text(json.dumps(res, indent=2))
-    write_table(res, out / "table.md")
-    write_plot(res, out / "tflops.png")
-    print((out / "table.md").read_text())
+    write_outputs(merge(a.results), out)
 
 
 if __name__ == "__main__":

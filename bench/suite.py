@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE.parent / "python"))
 sys.path.insert(0, str(HERE))
 import moeblaze.torch as mbt  # noqa: E402
 from baselines import torch_grouped_mm, torch_loop  # noqa: E402
-from report import write_plot, write_table  # noqa: E402
+from report import write_outputs  # noqa: E402
 from moeblaze.reference import route  # noqa: E402
 
 SUITE = json.loads((HERE / "suite.json").read_text())["shapes"]
@@ -180,10 +180,7 @@ def main():
         if routing == "random" and T == shape["T"]:
             res["kernels"][shape["name"]] = kernel_breakdown(shape["name"], T)
         (out / "results.json").write_text(json.dumps(res, indent=2))  # partial results survive a kill
-    (out / "results.json").write_text(json.dumps(res, indent=2))
-    write_table(res, out / "table.md")
-    write_plot(res, out / "tflops.png")
-    print((out / "table.md").read_text())
+    write_outputs(res, out)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 // `moeblaze generate` and `moeblaze presets`: no GPU needed.
 #include <fmt/format.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "cli/commands.hpp"
 #include "kernel_set.hpp"
 #include "nvrtc_compiler.hpp"
@@ -56,6 +59,7 @@ Command generate_command() {
     std::string arch = "sm_90a";
     bool json = false, show_source = false;
     std::vector<std::string> tiles;
+    std::string ptx_dir;
   };
   auto st = std::make_shared<State>();
   Command c;
@@ -66,6 +70,7 @@ Command generate_command() {
     st->app->add_flag("--json", st->json, "machine-readable output");
     st->app->add_flag("--source", st->show_source, "print each generated instantiation source");
     st->app->add_option("--tile", st->tiles, "FAMILY=TILE: another tile for a family (e.g. up_proj=128x128x64_w8x1_s3_wg)");
+    st->app->add_option("--ptx-dir", st->ptx_dir, "write each kernel's PTX to DIR/<kernel>.ptx (created if missing)");
   };
   c.selected = [st] { return st->app->parsed(); };
   c.run = [st] {
@@ -74,7 +79,21 @@ Command generate_command() {
     for (const auto& [f, tile] : parse_tiles(st->tiles, "--tile"))
       for (auto& s : specs)  // gate_grad sums down_dgrad's N tiles: it follows down_dgrad
         if (s.family == f || (f == KernelFamily::down_dgrad && s.family == KernelFamily::gate_grad)) s.tile = tile;
+    if (!st->ptx_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(st->ptx_dir, ec);
+      if (ec || !std::filesystem::is_directory(st->ptx_dir))
+        throw InvalidArgument("--ptx-dir", fmt::format("'{}' is not a folder that can be created ({})", st->ptx_dir,
+                                                       ec ? ec.message() : "a file is in the way"));
+    }
     const auto built = compile_all(specs, 0, true);
+    for (const auto& b : built) {
+      if (st->ptx_dir.empty()) break;
+      const auto path = std::filesystem::path(st->ptx_dir) / (b.compiled.kernel_name + ".ptx");
+      std::ofstream f(path, std::ios::binary);
+      f << b.compiled.ptx;
+      if (!f) throw InvalidArgument("--ptx-dir", fmt::format("cannot write '{}'", path.string()));
+    }
     int spills = 0;
     if (st->json) fmt::print("{{\"layer\": \"{}\", \"arch\": \"{}\", \"nvrtc\": \"{}\", \"kernels\": [\n",
                              layer.describe(), st->arch, nvrtc_version());

@@ -136,6 +136,7 @@ CompiledKernel compile_kernel(const KernelSource& source, const CompileOptions& 
     Program::check(nvrtcGetPTXSize(prog.get(), &p), "nvrtcGetPTXSize");
     out.ptx.resize(p);
     Program::check(nvrtcGetPTX(prog.get(), out.ptx.data()), "nvrtcGetPTX");
+    while (!out.ptx.empty() && out.ptx.back() == '\0') out.ptx.pop_back();  // the size counts the terminator
   }
   out.log = log;
   out.options = std::move(opts);

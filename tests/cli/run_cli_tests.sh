@@ -43,6 +43,11 @@ check "generate preset" 0 "16 kernels compiled, 0 with spills" "$BIN" generate -
 check "generate json" 0 '"kernels_with_spills": 0' "$BIN" generate $SMALL --json
 check "generate plain activation" 0 "0 with spills" "$BIN" generate $SMALL --activation gelu
 check "generate wgmma tiles" 0 "up_proj .* wgmma .*_wg" "$BIN" generate --preset qwen3-30b-a3b --tile up_proj=128x128x64_w8x1_s3_wg --tile down_proj=128x256x64_w8x1_s3_wg
+check "generate ws tiles" 0 "up_wgrad .* wgmma .*_ws" "$BIN" generate --preset qwen3-30b-a3b --tile up_wgrad=128x128x64_w8x1_s4_ws
+check "generate --ptx-dir" 0 "16 kernels compiled" "$BIN" generate --preset qwen3-30b-a3b --ptx-dir "$TMP/ptx"
+check "ptx written" 0 "wgmma.mma_async" grep -h -m1 -o "wgmma.mma_async" "$TMP/ptx/mb_up_proj_E128_K8_d2048_n768_swiglu_128x128x64_w8x1_s4_ws.ptx"
+touch "$TMP/not_a_dir"
+check "generate --ptx-dir under a file" 2 "--ptx-dir: .*not a folder" "$BIN" generate $SMALL --ptx-dir "$TMP/not_a_dir/x"
 check "generate bad tile" 2 "tile: .*bm/16 x 1 warps" "$BIN" generate $SMALL --tile down_wgrad=128x128x64_w2x4_s3_wg
 check "generate malformed tile" 2 "--tile: .*not of the form" "$BIN" generate $SMALL --tile up_proj=big
 check "plan" 0 "recompute +held +3.0 MiB" "$BIN" plan --preset qwen3-30b-a3b

@@ -135,21 +135,48 @@ struct StageLoader<ROWS, COLS, THREADS, false, Src> {
   }
 };
 
+template <int NB, int MT, int NT>
+MB_DEV void zero_accumulators(float (&acc)[NB][MT][NT][4]) {
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[nb][mt][nt][i] = 0.f;
+}
+
+// One stage of a warpgroup's tile: BK/16 k16 steps of m64nBNk16 per B tile, on the stage's
+// shared-memory tiles, committed as one wgmma group (the caller waits on it).
+template <class Cfg, bool A_KMAJOR, bool B_KMAJOR>
+MB_DEV void issue_stage(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const bf16_t* stage, int warpgroup) {
+  using OpA = Operand<A_KMAJOR, Cfg::BK>;
+  using OpB = Operand<B_KMAJOR, Cfg::BK>;
+  constexpr int ACC = Cfg::BN / 2;
+  const unsigned long long a_desc = OpA::desc(stage, warpgroup * 64);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::BK / 16; ++kk)
+#pragma unroll
+    for (int nb = 0; nb < Cfg::NB; ++nb) {
+      const unsigned long long b_desc = OpB::desc(stage + Cfg::A_ELEMS, nb * Cfg::BN);
+      Wgmma<Cfg::BN, A_KMAJOR ? 0 : 1, B_KMAJOR ? 0 : 1>::mma(*reinterpret_cast<float(*)[ACC]>(&acc[nb][0][0][0]),
+                                                             a_desc + OpA::k16_step * kk,
+                                                             b_desc + OpB::k16_step * kk, 1);
+    }
+  wgmma_commit();
+}
+
 template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, class ASrc, class BSrc>
 MB_DEV void wgmma_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASrc& a_src, const BSrc& b_src,
                            int k_size, bf16_t* smem_raw) {
   static_assert(Cfg::WARPS_N == 1 && Cfg::WTM == 16 && Cfg::MT == 1, "wgmma tiles: one 16-row slab per warp");
   static_assert(Cfg::BM % 64 == 0 && Cfg::BK == 64, "wgmma tiles: whole warpgroups, 64-wide k");
   static_assert(Cfg::BN == 64 || Cfg::BN == 128 || Cfg::BN == 256, "wgmma N");
-  constexpr int ACC = Cfg::BN / 2;
   bf16_t* smem = align_1024(smem_raw);
   const int tid = threadIdx.x, warpgroup = tid / 128;
-#pragma unroll
-  for (int nb = 0; nb < Cfg::NB; ++nb)
-#pragma unroll
-    for (int nt = 0; nt < Cfg::NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[nb][0][nt][i] = 0.f;
+  zero_accumulators(acc);
 
   static_assert(B_KMAJOR || Cfg::NB == 1, "stacked B tiles are K-major");
   constexpr int A_ROWS = A_KMAJOR ? Cfg::BM : Cfg::BK, A_COLS = A_KMAJOR ? Cfg::BK : Cfg::BM;
@@ -158,8 +185,6 @@ MB_DEV void wgmma_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASr
   StageLoader<B_ROWS, B_COLS, Cfg::THREADS, B_KMAJOR, BSrc> b_load(b_src, tid);
   a_load.fetch(0);
   b_load.fetch(0);
-  using OpA = Operand<A_KMAJOR, Cfg::BK>;
-  using OpB = Operand<B_KMAJOR, Cfg::BK>;
   const int k_tiles = (k_size + Cfg::BK - 1) / Cfg::BK;
 #pragma unroll
   for (int s = 0; s < Cfg::STAGES - 1; ++s) {
@@ -186,18 +211,7 @@ MB_DEV void wgmma_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASr
     }
     cp_async_commit();
     const bf16_t* stage = smem + (kt % Cfg::STAGES) * Cfg::STAGE_ELEMS;
-    const unsigned long long a_desc = OpA::desc(stage, warpgroup * 64);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Cfg::BK / 16; ++kk)
-#pragma unroll
-      for (int nb = 0; nb < Cfg::NB; ++nb) {
-        const unsigned long long b_desc = OpB::desc(stage + Cfg::A_ELEMS, nb * Cfg::BN);
-        Wgmma<Cfg::BN, A_KMAJOR ? 0 : 1, B_KMAJOR ? 0 : 1>::mma(*reinterpret_cast<float(*)[ACC]>(&acc[nb][0][0][0]),
-                                                               a_desc + OpA::k16_step * kk,
-                                                               b_desc + OpB::k16_step * kk, 1);
-      }
-    wgmma_commit();
+    issue_stage<Cfg, A_KMAJOR, B_KMAJOR>(acc, stage, warpgroup);
     wgmma_wait<0>();
   }
   cp_async_wait<0>();

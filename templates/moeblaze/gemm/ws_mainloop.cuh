@@ -84,7 +84,7 @@ MB_DEV void ws_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASrc& 
   static_assert(Cfg::WARPS_N == 1 && Cfg::WTM == 16 && Cfg::MT == 1, "wgmma tiles: one 16-row slab per warp");
   static_assert(Cfg::BM % 64 == 0 && Cfg::BK == 64, "wgmma tiles: whole warpgroups, 64-wide k");
   static_assert(B_KMAJOR || Cfg::NB == 1, "stacked B tiles are K-major");
-  constexpr int S = Cfg::STAGES, CONSUMER_WARPS = Cfg::THREADS / 32, ACC = Cfg::BN / 2;
+  constexpr int S = Cfg::STAGES, CONSUMER_WARPS = Cfg::THREADS / 32;
   __shared__ mbar_t landed[S], full[S], empty[S];
   bf16_t* smem = align_1024(smem_raw);
   const int tid = threadIdx.x;
@@ -96,12 +96,7 @@ MB_DEV void ws_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASrc& 
       mbar_init(&empty[s], CONSUMER_WARPS);
     }
   }
-#pragma unroll
-  for (int nb = 0; nb < Cfg::NB; ++nb)
-#pragma unroll
-    for (int nt = 0; nt < Cfg::NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[nb][0][nt][i] = 0.f;
+  zero_accumulators(acc);
   __syncthreads();
   const int k_tiles = (k_size + Cfg::BK - 1) / Cfg::BK;
 
@@ -137,25 +132,11 @@ MB_DEV void ws_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASrc& 
       }
     }
   } else {  // ---- consumer warpgroups
-    using OpA = Operand<A_KMAJOR, Cfg::BK>;
-    using OpB = Operand<B_KMAJOR, Cfg::BK>;
     const int warpgroup = tid / 128, lane = tid & 31;
     for (int kt = 0; kt < k_tiles; ++kt) {
       const int s = kt % S;
       mbar_wait(&full[s], (kt / S) & 1);
-      const bf16_t* stage = smem + s * Cfg::STAGE_ELEMS;
-      const unsigned long long a_desc = OpA::desc(stage, warpgroup * 64);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < Cfg::BK / 16; ++kk)
-#pragma unroll
-        for (int nb = 0; nb < Cfg::NB; ++nb) {
-          const unsigned long long b_desc = OpB::desc(stage + Cfg::A_ELEMS, nb * Cfg::BN);
-          Wgmma<Cfg::BN, A_KMAJOR ? 0 : 1, B_KMAJOR ? 0 : 1>::mma(
-              *reinterpret_cast<float(*)[ACC]>(&acc[nb][0][0][0]), a_desc + OpA::k16_step * kk,
-              b_desc + OpB::k16_step * kk, 1);
-        }
-      wgmma_commit();
+      issue_stage<Cfg, A_KMAJOR, B_KMAJOR>(acc, smem + s * Cfg::STAGE_ELEMS, warpgroup);
       wgmma_wait<1>();  // the group of stage kt-1 has completed: hand its buffer back
       if (kt > 0 && lane == 0) mbar_arrive(&empty[(kt - 1) % S]);
     }
