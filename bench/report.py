@@ -24,7 +24,7 @@ def write_table(res, path):
     for r in res["results"]:
         groups.setdefault((r["shape"], r["routing"], r["tokens"]), []).append(r)
     for (shape, routing, T), rows in groups.items():
-        base = [r for r in rows if r["impl"] != "moeblaze" and "error" not in r]
+        base = [r for r in rows if not r["impl"].startswith("moeblaze") and "error" not in r]
         best = min(base, key=lambda r: r["step_ms"]) if base else None
         best_peak = min((r["peak_mib"] for r in base), default=None)
         for r in rows:
@@ -35,6 +35,17 @@ def write_table(res, path):
             pr = f"{r['peak_mib'] / best_peak:.2f}x" if best_peak else "-"
             lines.append(f"| {shape} | {routing} | {T} | {r['impl']} | {r['fwd_ms']:.2f} | {r['step_ms']:.2f} | "
                          f"{r['tflops']:.0f} | {r['act_mib']:.0f} | {r['peak_mib']:.0f} | {ratio} | {pr} |")
+    pairs = []
+    for (shape, routing, T), rows in groups.items():
+        by = {r["impl"]: r for r in rows if "error" not in r}
+        if "moeblaze" in by and "moeblaze-recompute" in by:
+            a, b = by["moeblaze"], by["moeblaze-recompute"]
+            pairs.append(f"| {shape} | {routing} | {T} | {a['step_ms']:.2f} | {b['step_ms']:.2f} | "
+                         f"{b['step_ms'] / a['step_ms']:.2f}x | {a['act_mib']:.0f} | {b['act_mib']:.1f} |")
+    if pairs:
+        lines += ["", "## recompute vs save-h (target: step at most 1.3x)", "",
+                  "| shape | routing | T | save-h step ms | recompute step ms | ratio | save-h act MiB | recompute act MiB |",
+                  "|---|---|---|---|---|---|---|---|"] + pairs
     for name, k in res["kernels"].items():
         if "kernels" not in k:
             continue

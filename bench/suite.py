@@ -8,7 +8,10 @@ the per-kernel breakdown from `moeblaze bench --json`. Writes results.json, tabl
 tflops.png under --out.
 
 Usage: python3 bench/suite.py [--shapes NAME,...] [--routing random,skewed] [--sweep]
-       [--impls moeblaze,torch-loop,torch-grouped_mm] [--steps 10] [--out bench/results/DATE]"""
+       [--impls moeblaze,moeblaze-recompute,torch-grouped_mm,torch-loop] [--steps 10]
+       [--out bench/results/DATE]
+moeblaze runs in save-h mode, moeblaze-recompute in recompute mode (the table gives its step
+against save-h as well as against the baselines)."""
 from __future__ import annotations
 
 import argparse
@@ -87,11 +90,13 @@ def run_case(shape, impl, routing, T, steps):
     bias = torch.zeros(E, device="cuda") if router == "sigmoid" else None
 
     def forward():
-        if impl == "moeblaze":
+        if impl.startswith("moeblaze"):
+            mode = "recompute" if impl == "moeblaze-recompute" else "save-h"
             if fixed is None:
                 return mbt.moe(x, w1, w3, w2, w_router=wr, router=router, top_k=K, router_bias=bias,
-                               renormalize=renorm, route_scale=scale).y
-            return mbt.moe(x, w1, w3, w2, topk_ids=fixed[0], topk_weights=fixed[1].requires_grad_()).y
+                               renormalize=renorm, route_scale=scale, checkpoint=mode).y
+            return mbt.moe(x, w1, w3, w2, topk_ids=fixed[0], topk_weights=fixed[1].requires_grad_(),
+                           checkpoint=mode).y
         ids, w = fixed if fixed is not None else route(x, wr, K, router, renorm, scale, bias)
         f = torch_loop if impl == "torch-loop" else torch_grouped_mm
         return f(x, ids, w, w1, w3, w2)
@@ -143,7 +148,7 @@ def kernel_breakdown(name, T):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default=",".join(s["name"] for s in SUITE))
-    ap.add_argument("--impls", default="moeblaze,torch-grouped_mm,torch-loop")
+    ap.add_argument("--impls", default="moeblaze,moeblaze-recompute,torch-grouped_mm,torch-loop")
     ap.add_argument("--routing", default="random,skewed")
     ap.add_argument("--sweep", action="store_true", help="token sweep T = 4096..65536 on --sweep-shapes (when in --shapes)")
     ap.add_argument("--sweep-shapes", default="qwen3-30b-a3b,deepseek-v3")
