@@ -72,6 +72,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="mixtral-8x7b,qwen3-30b-a3b")
     a = ap.parse_args()
+    unknown = [n for n in a.shapes.split(",") if n not in SUITE]
+    if unknown:
+        sys.exit(f"--shapes: unknown {unknown} (suite shapes: {', '.join(SUITE)})")
     for name in a.shapes.split(","):
         for impl in ("moeblaze", "torch-grouped_mm"):
             print(json.dumps(probe(SUITE[name], impl)), flush=True)

@@ -97,7 +97,14 @@ def write_outputs(res, out):
 def merge(files):
     """One results dict from several runs: the first run's header, every result and breakdown
     (a later run's entry for the same shape, routing, tokens and impl replaces an earlier one)."""
-    runs = [json.loads(Path(f).read_text()) for f in files]
+    runs = []
+    for f in files:
+        try:
+            runs.append(json.loads(Path(f).read_text()))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"results: cannot read '{f}' as suite results JSON ({e})")
+        if "results" not in runs[-1]:
+            raise SystemExit(f"results: '{f}' has no 'results' list (not a suite.py results.json)")
     res = dict(runs[0])
     res["runs"] = [{k: r[k] for k in ("date", "device", "torch", "ceilings") if k in r} for r in runs]
     seen = {}

@@ -161,6 +161,9 @@ def main():
     unknown = [n for n in names if n not in {s["name"] for s in SUITE}]
     if unknown:
         sys.exit(f"--shapes: unknown {unknown}")
+    unknown = [n for n in a.sweep_shapes.split(",") if n not in {s["name"] for s in SUITE}]
+    if unknown:
+        sys.exit(f"--sweep-shapes: unknown {unknown}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     res = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),

@@ -19,8 +19,9 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
                                         int limit) {
   const TileConfig def = default_tile(family, layer, arch);
   std::vector<TileConfig> all = {def};
-  auto add = [&](const TileConfig& t) {
-    if (t == def || !legality_problem(KernelSpec{family, layer, t, arch}).empty()) return;
+  auto add = [&](const TileConfig& t) {  // legal and not listed yet
+    if (std::find(all.begin(), all.end(), t) != all.end()) return;
+    if (!legality_problem(KernelSpec{family, layer, t, arch}).empty()) return;
     all.push_back(t);
   };
   const int nb = stacked_b_tiles(family, layer.activation);
@@ -59,11 +60,9 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
   if (arch == "sm_90a" && supports_wgmma(family))
     for (const TileConfig& t : {wgmma_tile(128, 128, 3), wgmma_tile(128, 128, 4, true), wgmma_tile(128, 256, 4, true),
                                 wgmma_tile(128, 256, 3)})
-      if (std::find(all.begin(), all.end(), t) == all.end()) add(t);
-  for (const auto& t : wgmma)
-    if (std::find(all.begin(), all.end(), t) == all.end()) add(t);
-  for (const auto& t : sync)
-    if (std::find(all.begin(), all.end(), t) == all.end()) add(t);
+      add(t);
+  for (const auto& t : wgmma) add(t);
+  for (const auto& t : sync) add(t);
   if (static_cast<int>(all.size()) > limit) all.resize(limit);
   return all;
 }
