@@ -3,7 +3,7 @@
 # wgmma checks, the Python GPU tests and the suite bench on the shapes in $SUITE_SHAPES.
 # Every log goes into $OUT/logs.tar.gz (the device tool returns at most 8 files); a summary
 # line per step goes to stdout and $OUT/summary.txt.
-# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws defaults tune tuned mem py bench (default: gpu ws py bench)
+# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws defaults tune tuned mem py pysuite profile tilecheck bench (default: gpu ws py bench)
 set -u
 OUT=${OUT:-device-out}
 LOG=$OUT/logs
@@ -59,6 +59,17 @@ tuned)  # grad-check the tuned kernels of the presets (after tune)
   for p in ${PRESETS:-qwen3-30b-a3b}; do step "tuned_grad_$p" 200 $BIN grad-check --preset "$p" --tuned; done ;;
 mem) step memory_probe 120 python3 bench/memory_probe.py --shapes "${MEM_SHAPES:-mixtral-8x7b}" ;;
 py) step py_tests 400 python3 -m pytest -x -q python/tests ;;
+pysuite) step py_suite_tests 500 env MOEBLAZE_SUITE=1 python3 -m pytest -x -q python/tests/test_torch_gpu.py -k "module_matches" ;;
+profile)  # Nsight Compute on the GEMM kernels of $PROFILE_PRESET (one launch each), text report
+  step "profile_${PROFILE_PRESET:-mixtral-8x7b}" 300 ncu --target-processes all \
+    -k "regex:mb_(up_proj|down_proj|up_dgrad|up_wgrad|down_dgrad|down_wgrad)_" --launch-count 6 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+    $BIN bench --preset "${PROFILE_PRESET:-mixtral-8x7b}" --no-cache --steps 10 ${PROFILE_ARGS:-} ;;
+tilecheck)  # grad-check single tiles: TILE_CHECKS="preset:family=tile ..."
+  for c in ${TILE_CHECKS:-}; do
+    step "tilecheck_${c%%:*}_${c#*:}" 200 $BIN grad-check --preset "${c%%:*}" --tile "${c#*:}"
+  done ;;
 bench) step suite 500 python3 bench/suite.py --shapes "${SUITE_SHAPES:-qwen3-30b-a3b}" \
          --routing "${SUITE_ROUTING:-random}" --out "$OUT/suite" ${SUITE_ARGS:-} ;;
 esac; done
