@@ -117,25 +117,38 @@ int stacked_b_tiles(KernelFamily f, Activation act) {
 
 std::string TileConfig::to_string() const {
   return fmt::format("{}x{}x{}_w{}x{}_s{}{}", bm, bn, bk, warps_m, warps_n, stages,
-                     wgmma == 2 ? "_ws" : wgmma == 1 ? "_wg" : "");
+                     wgmma == 3 ? "_wsp" : wgmma == 2 ? "_ws" : wgmma == 1 ? "_wg" : "");
 }
 
-TileConfig wgmma_tile(int bm, int bn, int stages, bool warp_specialized) {
-  return TileConfig{bm, bn, 64, bm / 16, 1, stages, warp_specialized ? 2 : 1};
+TileConfig wgmma_tile(int bm, int bn, int stages, bool warp_specialized, bool persistent) {
+  return TileConfig{bm, bn, 64, bm / 16, 1, stages, persistent ? 3 : warp_specialized ? 2 : 1};
 }
 
 bool supports_wgmma(KernelFamily f) { return is_tiled(f); }
 
+bool supports_persistent(KernelFamily f) {
+  switch (f) {
+    case KernelFamily::up_proj:
+    case KernelFamily::down_proj:
+    case KernelFamily::down_dgrad:
+    case KernelFamily::down_wgrad:
+    case KernelFamily::up_wgrad:
+    case KernelFamily::up_dgrad: return true;
+    default: return false;
+  }
+}
+
 TileConfig TileConfig::parse(const std::string& s) {
   TileConfig t;
-  char tail[4] = {0, 0, 0, 0};
-  const int n = std::sscanf(s.c_str(), "%dx%dx%d_w%dx%d_s%d%3s", &t.bm, &t.bn, &t.bk, &t.warps_m, &t.warps_n,
+  char tail[6] = {0, 0, 0, 0, 0, 0};
+  const int n = std::sscanf(s.c_str(), "%dx%dx%d_w%dx%d_s%d%5s", &t.bm, &t.bn, &t.bk, &t.warps_m, &t.warps_n,
                             &t.stages, tail);
   if (n == 7 && std::string(tail) == "_wg") t.wgmma = 1;
   else if (n == 7 && std::string(tail) == "_ws") t.wgmma = 2;
+  else if (n == 7 && std::string(tail) == "_wsp") t.wgmma = 3;
   else if (n != 6)
     throw InvalidArgument(
-        "tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS[_wg|_ws] (e.g. 128x128x64_w2x4_s4)", s));
+        "tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS[_wg|_ws|_wsp] (e.g. 128x128x64_w2x4_s4)", s));
   return t;
 }
 
@@ -175,6 +188,7 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
     if (t.bm % 64) return "wgmma tiles cover whole warpgroups (bm a multiple of 64)";
     if (t.bn != 64 && t.bn != 128 && t.bn != 256) return "wgmma bn must be 64, 128 or 256";
     if (t.warp_specialized() && t.bm > 128) return "warp-specialised tiles have one or two consumer warpgroups";
+    if (t.persistent() && !supports_persistent(spec.family)) return "persistent tiles are for the expert GEMMs";
   }
   if (t.bm % 64 || t.bn % 64 || t.bm > 256 || t.bn > 256) return "bm and bn must be 64, 128, 192 or 256";
   if (t.bm % (16 * t.warps_m) || t.bn % (8 * t.warps_n)) return "warp tiles must be multiples of 16x8";

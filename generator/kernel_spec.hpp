@@ -45,20 +45,24 @@ struct TileConfig {
   int stages = 3;
   // Tensor-core path (mainloop.cuh's Tile WGMMA_): 0 mma.sync warps; 1 wgmma warpgroups
   // sharing one cp.async pipeline ("_wg"); 2 warp-specialised wgmma: the same consumer
-  // warpgroups plus one producer warpgroup ("_ws"). With wgmma warps_m = bm/16, warps_n = 1
-  // (the accumulator layout of wgmma).
+  // warpgroups plus one producer warpgroup ("_ws"); 3 the same, persistent ("_wsp"): a grid of
+  // the blocks the GPU holds at once walks the tile schedule, and each block's producer loads
+  // the next tile while its consumers run the epilogue. With wgmma warps_m = bm/16,
+  // warps_n = 1 (the accumulator layout of wgmma).
   int wgmma = 0;
-  static constexpr int kProducerThreads = 128;
-  bool warp_specialized() const { return wgmma == 2; }
+  bool warp_specialized() const { return wgmma >= 2; }
+  bool persistent() const { return wgmma == 3; }
+  // The producer: one warpgroup (mainloop.cuh's Tile::PRODUCER_THREADS).
+  int producer_threads() const { return warp_specialized() ? 128 : 0; }
   // Threads that hold accumulators (and, without a producer, load the tiles).
   int compute_threads() const { return 32 * warps_m * warps_n; }
-  // Launch size: the compute threads plus the producer warpgroup.
-  int threads() const { return compute_threads() + (warp_specialized() ? kProducerThreads : 0); }
+  // Launch size: the compute threads plus the producer.
+  int threads() const { return compute_threads() + producer_threads(); }
   // Threads that issue the tile copies.
-  int loader_threads() const { return warp_specialized() ? kProducerThreads : compute_threads(); }
+  int loader_threads() const { return warp_specialized() ? producer_threads() : compute_threads(); }
   // wgmma tiles reserve 1 KiB to align their 128-byte-swizzle atoms to 1024 bytes.
   int smem_bytes(int nb) const { return stages * (bm * bk + nb * bn * bk) * 2 + (wgmma ? 1024 : 0); }
-  std::string to_string() const;  // "128x128x64_w2x4_s3", "..._wg" / "..._ws" for wgmma
+  std::string to_string() const;  // "128x128x64_w2x4_s3", "..._wg" / "..._ws" / "..._wsp" for wgmma
   // Inverse of to_string; throws InvalidArgument("tile", ...) on a malformed string.
   static TileConfig parse(const std::string& s);
   bool operator==(const TileConfig&) const = default;
@@ -76,8 +80,11 @@ struct KernelSpec {
 std::string legality_problem(const KernelSpec& spec, int max_smem_bytes = 227 * 1024);
 
 // A wgmma tile for a family that supports it: bm x bn, `stages` deep, warp-specialised
-// (producer warpgroup + consumers) or not.
-TileConfig wgmma_tile(int bm, int bn, int stages, bool warp_specialized = false);
+// (producer warpgroup + consumers) or not, persistent (warp-specialised, walking tiles) or not.
+TileConfig wgmma_tile(int bm, int bn, int stages, bool warp_specialized = false, bool persistent = false);
+// Whether the family can run persistent tiles (the expert GEMMs; the router GEMMs are one
+// tile per block).
+bool supports_persistent(KernelFamily f);
 // Whether the family can run wgmma tiles (every GEMM family; MN-major operands use wgmma's
 // transposed form).
 bool supports_wgmma(KernelFamily f);

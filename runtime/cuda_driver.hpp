@@ -24,7 +24,8 @@ struct CudaDriver {
   X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyHtoDAsync)            \
   X(cuMemcpyDtoHAsync) X(cuMemsetD8Async) X(cuMemsetD32Async) X(cuMemGetInfo)               \
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuEventCreate)              \
-  X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)
+  X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)         \
+  X(cuCtxGetDevice) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)
 #define MOEBLAZE_DECLARE(name) decltype(&::name) name = nullptr;
   MOEBLAZE_DRIVER_FUNCTIONS(MOEBLAZE_DECLARE)
 #undef MOEBLAZE_DECLARE
@@ -123,15 +124,20 @@ class Event {
 // A loaded cubin with one kernel in it.
 class LoadedModule {
  public:
-  LoadedModule(const std::vector<char>& cubin, const std::string& kernel_name, int dynamic_smem);
+  // threads > 0: also work out how many blocks of that size the device holds at once.
+  LoadedModule(const std::vector<char>& cubin, const std::string& kernel_name, int dynamic_smem, int threads = 0);
   ~LoadedModule();
   LoadedModule(const LoadedModule&) = delete;
   LoadedModule& operator=(const LoadedModule&) = delete;
   CUfunction function() const { return function_; }
+  // Blocks resident on the whole device at once (occupancy x multiprocessors): the grid of a
+  // persistent kernel. 0 when not asked for.
+  int resident_blocks() const { return resident_blocks_; }
 
  private:
   CUmodule module_ = nullptr;
   CUfunction function_ = nullptr;
+  int resident_blocks_ = 0;
 };
 
 }  // namespace moeblaze

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <mutex>
@@ -74,7 +75,8 @@ KernelSet KernelSet::with_kernel(BuiltKernel replacement) const {
 void KernelSet::load() {
   for (auto& k : kernels_)
     if (!k.loaded)
-      k.loaded = std::make_shared<LoadedModule>(k.compiled.cubin, k.compiled.kernel_name, k.generated.dynamic_smem);
+      k.loaded = std::make_shared<LoadedModule>(k.compiled.cubin, k.compiled.kernel_name, k.generated.dynamic_smem,
+                                                k.generated.threads);
 }
 
 bool KernelSet::loaded() const {
@@ -94,6 +96,10 @@ void KernelSet::launch_raw(KernelFamily f, long long grid, void* args, CUstream 
   if (grid <= 0) return;  // nothing to do (e.g. no tokens routed)
   const BuiltKernel& k = get(f);
   if (!k.loaded) throw Error(fmt::format("kernel {} launched before KernelSet::load()", k.compiled.kernel_name));
+  // A persistent kernel walks all `grid` tiles (its schedule ends on the device) with the
+  // blocks the GPU holds at once.
+  if (is_tiled(f) && k.generated.spec.tile.persistent())
+    grid = std::min<long long>(grid, k.loaded->resident_blocks());
   if (grid > 0x7fffffffLL) throw Error(fmt::format("kernel {}: grid of {} blocks is too large", to_string(f), grid));
   void* params[] = {args};
   if (observer) observer->before(f, stream);

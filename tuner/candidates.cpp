@@ -25,13 +25,14 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
     all.push_back(t);
   };
   const int nb = stacked_b_tiles(family, layer.activation);
-  // Hopper: wgmma tiles first (warp-specialised, then the shared pipeline), mma.sync last.
+  // Hopper: wgmma tiles first (persistent and one-tile warp-specialised, then the shared
+  // pipeline), mma.sync last.
   std::vector<TileConfig> wgmma;
   if (arch == "sm_90a" && supports_wgmma(family))
-    for (int ws : {1, 0})
+    for (int mode : {3, 2, 1})
       for (int bm : {128, 64})
         for (int bn : {128, 256, 64})
-          for (int stages : {4, 3, 5, 6}) wgmma.push_back(wgmma_tile(bm, bn, stages, ws == 1));
+          for (int stages : {4, 3, 5, 6}) wgmma.push_back(wgmma_tile(bm, bn, stages, mode >= 2, mode == 3));
   std::vector<TileConfig> sync;
   for (int bm : {64, 128, 256})
     for (int bn : {64, 128, 256})
@@ -56,9 +57,12 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
   std::stable_sort(wgmma.begin(), wgmma.end(), by_distance);
   std::stable_sort(sync.begin(), sync.end(), by_distance);
   // Tiles that won somewhere on the suite (bench/NOTES.md) come right after the default: the
-  // 3-stage shared-pipeline tiles fit two blocks per SM, the warp-specialised ones one.
+  // 3-stage shared-pipeline tiles fit two blocks per SM, the warp-specialised ones one; then
+  // the persistent 128x256 (and 128x128) tiles, the ones shared-memory bandwidth favours.
+  // (`add` drops what is illegal for the family, e.g. persistent router GEMMs.)
   if (arch == "sm_90a" && supports_wgmma(family))
     for (const TileConfig& t : {wgmma_tile(128, 128, 3), wgmma_tile(128, 128, 4, true), wgmma_tile(128, 256, 4, true),
+                                wgmma_tile(128, 256, 4, true, true), wgmma_tile(128, 128, 4, true, true),
                                 wgmma_tile(128, 256, 3)})
       add(t);
   for (const auto& t : wgmma) add(t);

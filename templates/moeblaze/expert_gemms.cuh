@@ -19,60 +19,68 @@ template <class Cfg, int E, int D, int N, Activation ACT>
 MB_DEV void up_proj(const UpProjArgs& p) {
   constexpr int G = gate_parts<ACT>();
   static_assert(Cfg::NB == G, "gated activations stack W1 and W3 tiles");
-  const gemm::SlotTile t = gemm::slot_tile<Cfg::BM, Cfg::BN, E, N>(p.rv.tile_prefix, p.rv.expert_token_offsets);
-  if (!t.valid) return;
-  const bf16_t* x = static_cast<const bf16_t*>(p.x);
-  const i64 w_off = (static_cast<i64>(t.expert) * N + t.n0) * D;
-  const int n_rows = N - t.n0 < Cfg::BN ? N - t.n0 : Cfg::BN;
-  const gemm::Rows a{x, p.rv.expert_token_indices + t.slot0, t.rows, D, D};
-  const gemm::TwoPartRows b{static_cast<const bf16_t*>(p.w1) + w_off,
-                            G == 2 ? static_cast<const bf16_t*>(p.w3) + w_off : nullptr,
-                            Cfg::BN, n_rows, G == 2 ? n_rows : 0, D, D};
-  float acc[Cfg::NB][Cfg::MT][Cfg::NT][4];
-  gemm::run_mainloop<Cfg, true, true>(acc, a, b, D, gemm::dynamic_smem());
+  gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
+    const gemm::SlotTile t = gemm::slot_tile<Cfg::BM, Cfg::BN, E, N>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
+    if (!t.valid) return false;
+    const bf16_t* x = static_cast<const bf16_t*>(p.x);
+    const i64 w_off = (static_cast<i64>(t.expert) * N + t.n0) * D;
+    const int n_rows = N - t.n0 < Cfg::BN ? N - t.n0 : Cfg::BN;
+    const gemm::Rows a{x, p.rv.expert_token_indices + t.slot0, t.rows, D, D};
+    const gemm::TwoPartRows b{static_cast<const bf16_t*>(p.w1) + w_off,
+                              G == 2 ? static_cast<const bf16_t*>(p.w3) + w_off : nullptr,
+                              Cfg::BN, n_rows, G == 2 ? n_rows : 0, D, D};
+    float acc[Cfg::NB][Cfg::MT][Cfg::NT][4];
+    gemm::run_mainloop<Cfg, true, true>(acc, a, b, D, gemm::dynamic_smem(), pipe, role);
+    if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
 
-  bf16_t* H = static_cast<bf16_t*>(p.H);
-  bf16_t* h = static_cast<bf16_t*>(p.h);
-  auto store = [&](int r, int c, float a0, float a1, float b0, float b1) {
-    const int col = t.n0 + c;
-    if (r >= t.rows || col >= N) return;
-    const i64 slot = t.slot0 + r;
-    // Round first so that h here equals what backward recomputes from the saved H.
-    a0 = bf2f(f2bf(a0)); a1 = bf2f(f2bf(a1));
-    b0 = bf2f(f2bf(b0)); b1 = bf2f(f2bf(b1));
-    if (H) {
-      store_bf16x2(H + slot * (G * N) + col, a0, a1);
-      if constexpr (G == 2) store_bf16x2(H + slot * (G * N) + N + col, b0, b1);
+    bf16_t* H = static_cast<bf16_t*>(p.H);
+    bf16_t* h = static_cast<bf16_t*>(p.h);
+    auto store = [&](int r, int c, float a0, float a1, float b0, float b1) {
+      const int col = t.n0 + c;
+      if (r >= t.rows || col >= N) return;
+      const i64 slot = t.slot0 + r;
+      // Round first so that h here equals what backward recomputes from the saved H.
+      a0 = bf2f(f2bf(a0)); a1 = bf2f(f2bf(a1));
+      b0 = bf2f(f2bf(b0)); b1 = bf2f(f2bf(b1));
+      if (H) {
+        store_bf16x2(H + slot * (G * N) + col, a0, a1);
+        if constexpr (G == 2) store_bf16x2(H + slot * (G * N) + N + col, b0, b1);
+      }
+      if (h) {
+        if constexpr (G == 2) store_bf16x2(h + slot * N + col, act_fwd<ACT>(a0) * b0, act_fwd<ACT>(a1) * b1);
+        else store_bf16x2(h + slot * N + col, act_fwd<ACT>(a0), act_fwd<ACT>(a1));
+      }
+    };
+    if constexpr (G == 2) {
+      gemm::for_each_pair<Cfg>(acc, store);
+    } else {
+      gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float a0, float a1) { store(r, c, a0, a1, 0.f, 0.f); });
     }
-    if (h) {
-      if constexpr (G == 2) store_bf16x2(h + slot * N + col, act_fwd<ACT>(a0) * b0, act_fwd<ACT>(a1) * b1);
-      else store_bf16x2(h + slot * N + col, act_fwd<ACT>(a0), act_fwd<ACT>(a1));
-    }
-  };
-  if constexpr (G == 2) {
-    gemm::for_each_pair<Cfg>(acc, store);
-  } else {
-    gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float a0, float a1) { store(r, c, a0, a1, 0.f, 0.f); });
-  }
+    return true;
+  });
 }
 
 // ---- forward: down-projection ------------------------------------------------------------
 // o = h W2_e^T per slot (expert-major order); the gate is applied by the combine.
 template <class Cfg, int E, int D, int N>
 MB_DEV void down_proj(const DownProjArgs& p) {
-  const gemm::SlotTile t = gemm::slot_tile<Cfg::BM, Cfg::BN, E, D>(p.rv.tile_prefix, p.rv.expert_token_offsets);
-  if (!t.valid) return;
-  const bf16_t* h = static_cast<const bf16_t*>(p.h);
-  const bf16_t* w2 = static_cast<const bf16_t*>(p.w2);
-  const gemm::Rows a{h + static_cast<i64>(t.slot0) * N, nullptr, t.rows, N, N};
-  const gemm::Rows b{w2 + (static_cast<i64>(t.expert) * D + t.n0) * N, nullptr,
-                     D - t.n0 < Cfg::BN ? D - t.n0 : Cfg::BN, N, N};
-  float acc[1][Cfg::MT][Cfg::NT][4];
-  gemm::run_mainloop<Cfg, true, true>(acc, a, b, N, gemm::dynamic_smem());
-  bf16_t* o = static_cast<bf16_t*>(p.o);
-  gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
-    const int col = t.n0 + c;
-    if (r < t.rows && col < D) store_bf16x2(o + static_cast<i64>(t.slot0 + r) * D + col, v0, v1);
+  gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
+    const gemm::SlotTile t = gemm::slot_tile<Cfg::BM, Cfg::BN, E, D>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
+    if (!t.valid) return false;
+    const bf16_t* h = static_cast<const bf16_t*>(p.h);
+    const bf16_t* w2 = static_cast<const bf16_t*>(p.w2);
+    const gemm::Rows a{h + static_cast<i64>(t.slot0) * N, nullptr, t.rows, N, N};
+    const gemm::Rows b{w2 + (static_cast<i64>(t.expert) * D + t.n0) * N, nullptr,
+                       D - t.n0 < Cfg::BN ? D - t.n0 : Cfg::BN, N, N};
+    float acc[1][Cfg::MT][Cfg::NT][4];
+    gemm::run_mainloop<Cfg, true, true>(acc, a, b, N, gemm::dynamic_smem(), pipe, role);
+    if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
+    bf16_t* o = static_cast<bf16_t*>(p.o);
+    gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
+      const int col = t.n0 + c;
+      if (r < t.rows && col < D) store_bf16x2(o + static_cast<i64>(t.slot0 + r) * D + col, v0, v1);
+  });
+  return true;
   });
 }
 
@@ -96,85 +104,103 @@ template <class Cfg, int E, int K, int D, int N, Activation ACT>
 MB_DEV void down_dgrad(const DownDgradArgs& p) {
   constexpr int G = gate_parts<ACT>();
   constexpr int N_TILES = (N + Cfg::BN - 1) / Cfg::BN;
-  const gemm::SlotTile t = gemm::slot_tile<Cfg::BM, Cfg::BN, E, N>(p.rv.tile_prefix, p.rv.expert_token_offsets);
-  if (!t.valid) return;
-  const bf16_t* dy = static_cast<const bf16_t*>(p.dy);
-  const bf16_t* w2 = static_cast<const bf16_t*>(p.w2);
-  const gemm::Rows a{dy, p.rv.expert_token_indices + t.slot0, t.rows, D, D};
-  const gemm::Rows b{w2 + static_cast<i64>(t.expert) * D * N + t.n0, nullptr, D, N, N - t.n0};
-  float acc[1][Cfg::MT][Cfg::NT][4];
   __shared__ float gate_s[Cfg::BM];
   __shared__ float red_s[Cfg::BM][Cfg::WARPS_N];
-  for (int r = threadIdx.x; r < Cfg::BM; r += Cfg::THREADS)
-    gate_s[r] = r < t.rows ? slot_gate<K>(p.rv, t.slot0 + r, t.expert) : 0.f;
-  gemm::run_mainloop<Cfg, true, false>(acc, a, b, D, gemm::dynamic_smem());  // ends with a barrier
+  gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
+    const gemm::SlotTile t = gemm::slot_tile<Cfg::BM, Cfg::BN, E, N>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
+    if (!t.valid) return false;
+    const bf16_t* dy = static_cast<const bf16_t*>(p.dy);
+    const bf16_t* w2 = static_cast<const bf16_t*>(p.w2);
+    const gemm::Rows a{dy, p.rv.expert_token_indices + t.slot0, t.rows, D, D};
+    const gemm::Rows b{w2 + static_cast<i64>(t.expert) * D * N + t.n0, nullptr, D, N, N - t.n0};
+    float acc[1][Cfg::MT][Cfg::NT][4];
+    // Computing threads only (THREADS >= BM): the gates are visible to every consumer after
+    // the mainloop's barrier (__syncthreads, or the consumer barrier ws_consume starts with).
+    if constexpr (decltype(role)::kComputes)
+      for (int r = threadIdx.x; r < Cfg::BM; r += Cfg::THREADS)
+        gate_s[r] = r < t.rows ? slot_gate<K>(p.rv, t.slot0 + r, t.expert) : 0.f;
+    gemm::run_mainloop<Cfg, true, false>(acc, a, b, D, gemm::dynamic_smem(), pipe, role);
+    if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
 
-  const bf16_t* H = static_cast<const bf16_t*>(p.H);
-  bf16_t* dH = static_cast<bf16_t*>(p.dH);
-  bf16_t* hg = static_cast<bf16_t*>(p.hg);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int warp_m = warp / Cfg::WARPS_N, warp_n = warp % Cfg::WARPS_N;
-  if (threadIdx.x < Cfg::THREADS)  // a warp-specialised tile's producer holds no accumulators
+    const bf16_t* H = static_cast<const bf16_t*>(p.H);
+    bf16_t* dH = static_cast<bf16_t*>(p.dH);
+    bf16_t* hg = static_cast<bf16_t*>(p.hg);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int warp_m = warp / Cfg::WARPS_N, warp_n = warp % Cfg::WARPS_N;
+    if (threadIdx.x < Cfg::THREADS)  // a warp-specialised tile's producer holds no accumulators
 #pragma unroll
-  for (int mt = 0; mt < Cfg::MT; ++mt)
+    for (int mt = 0; mt < Cfg::MT; ++mt)
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = warp_m * Cfg::WTM + mt * 16 + (lane >> 2) + half * 8;
-      const bool row_ok = r < t.rows;
-      const i64 slot = t.slot0 + r;
-      const float g = gate_s[r];
-      float dot = 0.f;
+      for (int half = 0; half < 2; ++half) {
+        const int r = warp_m * Cfg::WTM + mt * 16 + (lane >> 2) + half * 8;
+        const bool row_ok = r < t.rows;
+        const i64 slot = t.slot0 + r;
+        const float g = gate_s[r];
+        float dot = 0.f;
 #pragma unroll
-      for (int nt = 0; nt < Cfg::NT; ++nt) {
-        const int col = t.n0 + warp_n * Cfg::WTN + nt * 8 + (lane & 3) * 2;
-        if (!row_ok || col >= N) continue;
-        const float d0 = acc[0][mt][nt][half * 2], d1 = acc[0][mt][nt][half * 2 + 1];
-        const float2 av = load_bf16x2(H + slot * (G * N) + col);
-        float h0, h1, da0, da1;
-        if constexpr (G == 2) {
-          const float2 bv = load_bf16x2(H + slot * (G * N) + N + col);
-          const float s0 = act_fwd<ACT>(av.x), s1 = act_fwd<ACT>(av.y);
-          h0 = s0 * bv.x; h1 = s1 * bv.y;
-          da0 = g * d0 * bv.x * act_grad<ACT>(av.x);
-          da1 = g * d1 * bv.y * act_grad<ACT>(av.y);
-          store_bf16x2(dH + slot * (G * N) + N + col, g * d0 * s0, g * d1 * s1);
-        } else {
-          h0 = act_fwd<ACT>(av.x); h1 = act_fwd<ACT>(av.y);
-          da0 = g * d0 * act_grad<ACT>(av.x);
-          da1 = g * d1 * act_grad<ACT>(av.y);
+        for (int nt = 0; nt < Cfg::NT; ++nt) {
+          const int col = t.n0 + warp_n * Cfg::WTN + nt * 8 + (lane & 3) * 2;
+          if (!row_ok || col >= N) continue;
+          const float d0 = acc[0][mt][nt][half * 2], d1 = acc[0][mt][nt][half * 2 + 1];
+          const float2 av = load_bf16x2(H + slot * (G * N) + col);
+          float h0, h1, da0, da1;
+          if constexpr (G == 2) {
+            const float2 bv = load_bf16x2(H + slot * (G * N) + N + col);
+            const float s0 = act_fwd<ACT>(av.x), s1 = act_fwd<ACT>(av.y);
+            h0 = s0 * bv.x; h1 = s1 * bv.y;
+            da0 = g * d0 * bv.x * act_grad<ACT>(av.x);
+            da1 = g * d1 * bv.y * act_grad<ACT>(av.y);
+            store_bf16x2(dH + slot * (G * N) + N + col, g * d0 * s0, g * d1 * s1);
+          } else {
+            h0 = act_fwd<ACT>(av.x); h1 = act_fwd<ACT>(av.y);
+            da0 = g * d0 * act_grad<ACT>(av.x);
+            da1 = g * d1 * act_grad<ACT>(av.y);
+          }
+          store_bf16x2(dH + slot * (G * N) + col, da0, da1);
+          store_bf16x2(hg + slot * N + col, g * h0, g * h1);
+          dot += d0 * h0 + d1 * h1;
         }
-        store_bf16x2(dH + slot * (G * N) + col, da0, da1);
-        store_bf16x2(hg + slot * N + col, g * h0, g * h1);
-        dot += d0 * h0 + d1 * h1;
+        // The four lanes of a quad hold the same row: fixed-order butterfly, then per warp.
+        dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+        dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+        if ((lane & 3) == 0) red_s[r][warp_n] = dot;
       }
-      // The four lanes of a quad hold the same row: fixed-order butterfly, then per warp.
-      dot += __shfl_xor_sync(0xffffffffu, dot, 1);
-      dot += __shfl_xor_sync(0xffffffffu, dot, 2);
-      if ((lane & 3) == 0) red_s[r][warp_n] = dot;
-    }
-  __syncthreads();
-  for (int r = threadIdx.x; r < t.rows; r += Cfg::THREADS) {
-    float s = 0.f;
+    // Consumers only: a warp-specialised block's producer is elsewhere (on the next tile when
+    // persistent). Every consumer is past its gate_s reads here, so the next tile may rewrite
+    // gate_s.
+    if (threadIdx.x < Cfg::THREADS) gemm::consumer_sync<Cfg>();
+    for (int r = threadIdx.x; r < t.rows; r += Cfg::THREADS) {
+      float s = 0.f;
 #pragma unroll
-    for (int w = 0; w < Cfg::WARPS_N; ++w) s += red_s[r][w];
-    p.gate_partials[static_cast<i64>(t.slot0 + r) * N_TILES + t.n_tile] = s;
-  }
+      for (int w = 0; w < Cfg::WARPS_N; ++w) s += red_s[r][w];
+      p.gate_partials[static_cast<i64>(t.slot0 + r) * N_TILES + t.n_tile] = s;
+    }
+    return true;
+  });
 }
 
 // ---- backward: weight gradients ----------------------------------------------------------
-// Tile of a per-expert weight gradient (M x N_OUT per expert, reduction over the expert's
-// slots). Blocks: expert-major, then M tiles, then N tiles.
+// Tile `tile` of a per-expert weight gradient (M x N_OUT per expert, reduction over the
+// expert's slots); E * TM * TN of them, expert-major. Inside an expert the side with fewer
+// tiles runs fastest: the blocks in flight then read all of that (smaller) operand and a few
+// blocks of the other, k step by k step together, so L2 serves the repeats. With the larger
+// side fastest, every wave streams the whole larger operand from DRAM: mixtral's dW2
+// (dy 32 MiB, hg 112 MiB per expert) ran at 3.1 TB/s DRAM, 42% L2 hits (ncu, bench/NOTES.md).
 struct WgradTile {
   int expert, m0, n0, slot0, count;
+  bool valid;
 };
-template <int BM, int BN, int M, int N_OUT>
-MB_DEV WgradTile wgrad_tile(const RoutingView& rv) {
+template <int BM, int BN, int E, int M, int N_OUT>
+MB_DEV WgradTile wgrad_tile(int tile, const RoutingView& rv) {
   constexpr int TM = (M + BM - 1) / BM, TN = (N_OUT + BN - 1) / BN;
-  WgradTile w;
-  w.expert = blockIdx.x / (TM * TN);
-  const int rem = blockIdx.x % (TM * TN);
-  w.m0 = (rem / TN) * BM;
-  w.n0 = (rem % TN) * BN;
+  WgradTile w{};
+  w.valid = tile < E * TM * TN;
+  if (!w.valid) return w;
+  w.expert = tile / (TM * TN);
+  const int rem = tile % (TM * TN);
+  constexpr bool M_FASTEST = TM <= TN;
+  w.m0 = (M_FASTEST ? rem % TM : rem / TN) * BM;
+  w.n0 = (M_FASTEST ? rem / TM : rem % TN) * BN;
   w.slot0 = rv.expert_token_offsets[w.expert];
   w.count = rv.expert_token_offsets[w.expert + 1] - w.slot0;
   return w;
@@ -199,17 +225,22 @@ MB_DEV void store_wgrad(const float (&acc)[1][Cfg::MT][Cfg::NT][4], int m_valid,
 // dW2_e = sum over slots of gather(dy)^T (g h): M = D, N = N, both operands gathered along k.
 template <class Cfg, int E, int D, int N>
 MB_DEV void down_wgrad(const WgradArgs& p) {
-  const WgradTile w = wgrad_tile<Cfg::BM, Cfg::BN, D, N>(p.rv);
-  const bf16_t* dy = static_cast<const bf16_t*>(p.a);
-  const bf16_t* hg = static_cast<const bf16_t*>(p.b);
-  const gemm::Rows a{dy + w.m0, p.rv.expert_token_indices + w.slot0, w.count, D, D - w.m0};
-  const gemm::Rows b{hg + static_cast<i64>(w.slot0) * N + w.n0, nullptr, w.count, N, N - w.n0};
-  float acc[1][Cfg::MT][Cfg::NT][4];
-  gemm::run_mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem());
-  const int elem = p.accumulate_fp32 ? 4 : 2;
-  char* out = static_cast<char*>(p.out0);
-  store_wgrad<Cfg>(acc, D - w.m0, N - w.n0, w.n0, p.accumulate_fp32, [&](int r) -> void* {
-    return out + ((static_cast<i64>(w.expert) * D + w.m0 + r) * N) * elem;
+  gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
+    const WgradTile w = wgrad_tile<Cfg::BM, Cfg::BN, E, D, N>(tile, p.rv);
+    if (!w.valid) return false;
+    const bf16_t* dy = static_cast<const bf16_t*>(p.a);
+    const bf16_t* hg = static_cast<const bf16_t*>(p.b);
+    const gemm::Rows a{dy + w.m0, p.rv.expert_token_indices + w.slot0, w.count, D, D - w.m0};
+    const gemm::Rows b{hg + static_cast<i64>(w.slot0) * N + w.n0, nullptr, w.count, N, N - w.n0};
+    float acc[1][Cfg::MT][Cfg::NT][4];
+    gemm::run_mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem(), pipe, role);
+    if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
+    const int elem = p.accumulate_fp32 ? 4 : 2;
+    char* out = static_cast<char*>(p.out0);
+    store_wgrad<Cfg>(acc, D - w.m0, N - w.n0, w.n0, p.accumulate_fp32, [&](int r) -> void* {
+      return out + ((static_cast<i64>(w.expert) * D + w.m0 + r) * N) * elem;
+  });
+  return true;
   });
 }
 
@@ -217,21 +248,26 @@ MB_DEV void down_wgrad(const WgradArgs& p) {
 template <class Cfg, int E, int D, int N, Activation ACT>
 MB_DEV void up_wgrad(const WgradArgs& p) {
   constexpr int G = gate_parts<ACT>();
-  const WgradTile w = wgrad_tile<Cfg::BM, Cfg::BN, G * N, D>(p.rv);
-  const bf16_t* dH = static_cast<const bf16_t*>(p.a);
-  const bf16_t* x = static_cast<const bf16_t*>(p.b);
-  const gemm::Rows a{dH + static_cast<i64>(w.slot0) * (G * N) + w.m0, nullptr, w.count, G * N, G * N - w.m0};
-  const gemm::Rows b{x + w.n0, p.rv.expert_token_indices + w.slot0, w.count, D, D - w.n0};
-  float acc[1][Cfg::MT][Cfg::NT][4];
-  gemm::run_mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem());
-  const int elem = p.accumulate_fp32 ? 4 : 2;
-  char* out0 = static_cast<char*>(p.out0);
-  char* out1 = static_cast<char*>(p.out1);
-  store_wgrad<Cfg>(acc, G * N - w.m0, D - w.n0, w.n0, p.accumulate_fp32, [&](int r) -> void* {
-    const int m = w.m0 + r;
-    char* base = m < N ? out0 : out1;
-    const int row = m < N ? m : m - N;
-    return base + ((static_cast<i64>(w.expert) * N + row) * D) * elem;
+  gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
+    const WgradTile w = wgrad_tile<Cfg::BM, Cfg::BN, E, G * N, D>(tile, p.rv);
+    if (!w.valid) return false;
+    const bf16_t* dH = static_cast<const bf16_t*>(p.a);
+    const bf16_t* x = static_cast<const bf16_t*>(p.b);
+    const gemm::Rows a{dH + static_cast<i64>(w.slot0) * (G * N) + w.m0, nullptr, w.count, G * N, G * N - w.m0};
+    const gemm::Rows b{x + w.n0, p.rv.expert_token_indices + w.slot0, w.count, D, D - w.n0};
+    float acc[1][Cfg::MT][Cfg::NT][4];
+    gemm::run_mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem(), pipe, role);
+    if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
+    const int elem = p.accumulate_fp32 ? 4 : 2;
+    char* out0 = static_cast<char*>(p.out0);
+    char* out1 = static_cast<char*>(p.out1);
+    store_wgrad<Cfg>(acc, G * N - w.m0, D - w.n0, w.n0, p.accumulate_fp32, [&](int r) -> void* {
+      const int m = w.m0 + r;
+      char* base = m < N ? out0 : out1;
+      const int row = m < N ? m : m - N;
+      return base + ((static_cast<i64>(w.expert) * N + row) * D) * elem;
+  });
+  return true;
   });
 }
 
@@ -240,20 +276,24 @@ MB_DEV void up_wgrad(const WgradArgs& p) {
 template <class Cfg, int E, int D, int N, Activation ACT>
 MB_DEV void up_dgrad(const UpDgradArgs& p) {
   constexpr int G = gate_parts<ACT>();
-  const gemm::SlotTile t = gemm::slot_tile<Cfg::BM, Cfg::BN, E, D>(p.rv.tile_prefix, p.rv.expert_token_offsets);
-  if (!t.valid) return;
-  const bf16_t* dH = static_cast<const bf16_t*>(p.dH);
-  const i64 w_off = static_cast<i64>(t.expert) * N * D + t.n0;
-  const gemm::Rows a{dH + static_cast<i64>(t.slot0) * (G * N), nullptr, t.rows, G * N, G * N};
-  const gemm::TwoPartRows b{static_cast<const bf16_t*>(p.w1) + w_off,
-                            G == 2 ? static_cast<const bf16_t*>(p.w3) + w_off : nullptr,
-                            N, N, G == 2 ? N : 0, D, D - t.n0};
-  float acc[1][Cfg::MT][Cfg::NT][4];
-  gemm::run_mainloop<Cfg, true, false>(acc, a, b, G * N, gemm::dynamic_smem());
-  bf16_t* dxs = static_cast<bf16_t*>(p.dxs);
-  gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
-    const int col = t.n0 + c;
-    if (r < t.rows && col < D) store_bf16x2(dxs + static_cast<i64>(t.slot0 + r) * D + col, v0, v1);
+  gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
+    const gemm::SlotTile t = gemm::slot_tile<Cfg::BM, Cfg::BN, E, D>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
+    if (!t.valid) return false;
+    const bf16_t* dH = static_cast<const bf16_t*>(p.dH);
+    const i64 w_off = static_cast<i64>(t.expert) * N * D + t.n0;
+    const gemm::Rows a{dH + static_cast<i64>(t.slot0) * (G * N), nullptr, t.rows, G * N, G * N};
+    const gemm::TwoPartRows b{static_cast<const bf16_t*>(p.w1) + w_off,
+                              G == 2 ? static_cast<const bf16_t*>(p.w3) + w_off : nullptr,
+                              N, N, G == 2 ? N : 0, D, D - t.n0};
+    float acc[1][Cfg::MT][Cfg::NT][4];
+    gemm::run_mainloop<Cfg, true, false>(acc, a, b, G * N, gemm::dynamic_smem(), pipe, role);
+    if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
+    bf16_t* dxs = static_cast<bf16_t*>(p.dxs);
+    gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
+      const int col = t.n0 + c;
+      if (r < t.rows && col < D) store_bf16x2(dxs + static_cast<i64>(t.slot0 + r) * D + col, v0, v1);
+  });
+  return true;
   });
 }
 

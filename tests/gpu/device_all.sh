@@ -3,7 +3,7 @@
 # wgmma checks, the Python GPU tests and the suite bench on the shapes in $SUITE_SHAPES.
 # Every log goes into $OUT/logs.tar.gz (the device tool returns at most 8 files); a summary
 # line per step goes to stdout and $OUT/summary.txt.
-# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws defaults tune tuned mem py pysuite profile tilecheck bench (default: gpu ws py bench)
+# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws wsp defaults tune tuned mem py pysuite profile tilecheck bench (default: gpu ws py bench)
 set -u
 OUT=${OUT:-device-out}
 LOG=$OUT/logs
@@ -34,11 +34,15 @@ step() {  # step NAME TIMEOUT CMD...
 }
 for s in $steps; do case $s in
 gpu) step gpu_tests 240 build/bin/moeblaze_gpu_tests ;;
-wgmma|ws)  # the wgmma tiles of every GEMM family: "_wg" (shared pipeline) or "_ws" (warp-specialised)
-  X=$([ "$s" = ws ] && echo _ws || echo _wg)
-  WGF="--tile up_proj=128x128x64_w8x1_s3$X --tile down_proj=128x256x64_w8x1_s3$X --tile router_logits=128x64x64_w8x1_s4$X"
+wgmma|ws|wsp)  # the wgmma tiles of every GEMM family: "_wg" (shared pipeline), "_ws" (warp-specialised),
+  # "_wsp" (persistent warp-specialised; expert GEMMs only, the router GEMMs run "_ws")
+  X=$(case $s in ws) echo _ws;; wsp) echo _wsp;; *) echo _wg;; esac)
+  R=$([ "$s" = wsp ] && echo _ws || echo "$X")
+  WGF="--tile up_proj=128x128x64_w8x1_s3$X --tile down_proj=128x256x64_w8x1_s3$X --tile router_logits=128x64x64_w8x1_s4$R"
   WG="$WGF"
-  for f in down_dgrad down_wgrad up_wgrad up_dgrad router_dgrad router_wgrad; do WG="$WG --tile $f=128x128x64_w8x1_s4$X"; done
+  BW=$([ "$s" = wsp ] && echo 256 || echo 128)
+  for f in down_dgrad down_wgrad up_wgrad up_dgrad; do WG="$WG --tile $f=128x${BW}x64_w8x1_s4$X"; done
+  for f in router_dgrad router_wgrad; do WG="$WG --tile $f=128x128x64_w8x1_s4$R"; done
   step ${s}_small_fwd 120 $BIN forward-check -E 8 -K 2 -d 256 -n 128 -T 300 $WGF
   step ${s}_small_grad 120 $BIN grad-check -E 8 -K 2 -d 256 -n 128 -T 300 $WG
   step ${s}_small_skew 120 $BIN grad-check -E 64 -K 8 -d 256 -n 192 -T 1000 --router none --routing skewed $WG
@@ -54,7 +58,10 @@ defaults)  # grad-check every suite preset with the default tiles
 tune)  # tune the presets into $MOEBLAZE_CACHE (the suite and the CLI bench then load the winners)
   for p in ${PRESETS:-qwen3-30b-a3b}; do
     step "tune_$p" 300 $BIN tune --preset "$p" --budget "${TUNE_BUDGET:-75}" --candidates "${TUNE_CANDIDATES:-8}"
-  done ;;
+  done
+  # The tuned cache comes back (carry it as build/tuned.db and set MOEBLAZE_CACHE to reuse it).
+  python3 -c "import sqlite3,sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" \
+    "$MOEBLAZE_CACHE" && cp "$MOEBLAZE_CACHE" "$OUT/tuned.db" ;;
 tuned)  # grad-check the tuned kernels of the presets (after tune)
   for p in ${PRESETS:-qwen3-30b-a3b}; do step "tuned_grad_$p" 200 $BIN grad-check --preset "$p" --tuned; done ;;
 mem) step memory_probe 120 python3 bench/memory_probe.py --shapes "${MEM_SHAPES:-mixtral-8x7b}" ;;

@@ -18,7 +18,9 @@
 namespace moeblaze::gemm {
 
 // WGMMA_: 0 = mma.sync warps, 1 = wgmma warpgroups (wgmma_mainloop.cuh), 2 = wgmma consumer
-// warpgroups plus one producer warpgroup (ws_mainloop.cuh). With wgmma WARPS_M = BM/16 and
+// warpgroups plus one producer warpgroup (ws_mainloop.cuh), 3 = the same, persistent: a block
+// walks tiles blockIdx.x, +gridDim.x, ... and its producer fills the next tile's stages while
+// the consumers run the epilogue (gemm::for_each_tile). With wgmma WARPS_M = BM/16 and
 // WARPS_N = 1, which is how wgmma lays out its accumulators. THREADS counts the warps that
 // hold accumulators (the consumers); BLOCK_THREADS is the launch size.
 template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_, int NB_ = 1, int WGMMA_ = 0>
@@ -26,9 +28,13 @@ struct Tile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_;
   static constexpr int STAGES = STAGES_, NB = NB_;
   static constexpr bool WGMMA = WGMMA_ != 0;
-  static constexpr bool WARP_SPECIALIZED = WGMMA_ == 2;
+  static constexpr bool WARP_SPECIALIZED = WGMMA_ >= 2;
+  static constexpr bool PERSISTENT = WGMMA_ == 3;
   static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
-  static constexpr int BLOCK_THREADS = THREADS + (WARP_SPECIALIZED ? 128 : 0);
+  // The producer is one warpgroup (ptxas allocates registers of wgmma kernels by whole
+  // warpgroups: a smaller producer would not leave the consumers more registers).
+  static constexpr int PRODUCER_THREADS = WARP_SPECIALIZED ? 128 : 0;
+  static constexpr int BLOCK_THREADS = THREADS + PRODUCER_THREADS;
   static constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;  // warp tile
   static constexpr int MT = WTM / 16, NT = WTN / 8;             // mma tiles per warp
   static_assert(BM % (16 * WARPS_M) == 0 && BN % (8 * WARPS_N) == 0, "warp tile must be 16x8 multiples");
@@ -53,14 +59,17 @@ struct TileLoader {
   static constexpr int PER_THREAD = CHUNKS / THREADS;
   static constexpr int ROW_STEP = THREADS / CHUNKS_PER_ROW;
 
+  // K-major rows keep their pointers (one index load per tile, not per stage). Recomputing
+  // never-gathered rows per stage instead measured more producer spills, not fewer.
+  static constexpr bool CACHE_ROWS = KMAJOR;
   const Src& src;
   int row0, col;                           // this thread's first row and its column
-  const bf16_t* rows[KMAJOR ? PER_THREAD : 1];
+  const bf16_t* rows[CACHE_ROWS ? PER_THREAD : 1];
 
   MB_DEV TileLoader(const Src& s, int tid) : src(s) {
     row0 = tid / CHUNKS_PER_ROW;
     col = (tid % CHUNKS_PER_ROW) * 8;
-    if constexpr (KMAJOR) {
+    if constexpr (CACHE_ROWS) {
 #pragma unroll
       for (int i = 0; i < PER_THREAD; ++i) rows[i] = src.row(row0 + i * ROW_STEP);
     }

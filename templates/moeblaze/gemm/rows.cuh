@@ -49,8 +49,9 @@ MB_DEV bf16_t* dynamic_smem() {
   return reinterpret_cast<bf16_t*>(moeblaze_smem);
 }
 
-// Tile of a grouped GEMM whose M dimension is an expert's slots (a run-time count):
-// blocks are numbered expert by expert, N-tile outer and M-tile inner inside an expert so
+// Tile `tile` of a grouped GEMM whose M dimension is an expert's slots (a run-time count;
+// the per-expert tile counts come from tile_prefix, built on the device by the index build):
+// tiles are numbered expert by expert, N-tile outer and M-tile inner inside an expert so
 // that consecutive blocks reuse one weight tile while the expert's gathered rows stay in L2.
 struct SlotTile {
   int expert, slot0, rows, n0, n_tile;
@@ -58,11 +59,11 @@ struct SlotTile {
 };
 
 template <int BM, int BN, int E, int N_OUT>
-MB_DEV SlotTile slot_tile(const int* tile_prefix_all, const int* expert_token_offsets) {
+MB_DEV SlotTile slot_tile(int tile, const int* tile_prefix_all, const int* expert_token_offsets) {
   constexpr int N_TILES = (N_OUT + BN - 1) / BN;
   const int* tp = tile_prefix_all + tile_prefix_row(BM) * (E + 1);
   SlotTile t{};
-  const int m_global = blockIdx.x / N_TILES;
+  const int m_global = tile / N_TILES;
   if (m_global >= tp[E]) { t.valid = false; return t; }
   int lo = 0, hi = E;  // invariant: tp[lo] <= m_global < tp[hi]
   while (hi - lo > 1) {
@@ -70,7 +71,7 @@ MB_DEV SlotTile slot_tile(const int* tile_prefix_all, const int* expert_token_of
     if (tp[mid] <= m_global) lo = mid; else hi = mid;
   }
   const int m_tiles = tp[lo + 1] - tp[lo];
-  const int local = blockIdx.x - tp[lo] * N_TILES;
+  const int local = tile - tp[lo] * N_TILES;
   const int mt = local % m_tiles;
   t.n_tile = local / m_tiles;
   t.expert = lo;

@@ -147,21 +147,29 @@ MB_DEV void zero_accumulators(float (&acc)[NB][MT][NT][4]) {
         for (int i = 0; i < 4; ++i) acc[nb][mt][nt][i] = 0.f;
 }
 
-// One stage of a warpgroup's tile: BK/16 k16 steps of m64nBNk16 per B tile, on the stage's
-// shared-memory tiles, committed as one wgmma group (the caller waits on it).
+// One stage of a warpgroup's tile: BK/16 k16 steps on the stage's shared-memory tiles,
+// committed as one wgmma group (the caller waits on it). Stacked K-major B tiles (W1 and W3,
+// NB x BN rows one after another) that fit one instruction (NB*BN <= 256) are read by a single
+// m64n(NB*BN)k16: acc[NB][1][NT][4] is, flattened, exactly that instruction's accumulator
+// order, and wgmma reads A from shared memory once per instruction, so fusing the two
+// m64n128 into one m64n256 cuts the shared-memory reads of a k16 step from 12 to 10 KiB
+// (shared-memory bandwidth bounds these tiles; bench/NOTES.md v0.4).
 template <class Cfg, bool A_KMAJOR, bool B_KMAJOR>
 MB_DEV void issue_stage(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const bf16_t* stage, int warpgroup) {
   using OpA = Operand<A_KMAJOR, Cfg::BK>;
   using OpB = Operand<B_KMAJOR, Cfg::BK>;
-  constexpr int ACC = Cfg::BN / 2;
+  constexpr bool FUSE_NB = B_KMAJOR && Cfg::NB > 1 && Cfg::NB * Cfg::BN <= 256;
+  constexpr int INSTR_N = FUSE_NB ? Cfg::NB * Cfg::BN : Cfg::BN;  // columns per instruction
+  constexpr int INSTRS = FUSE_NB ? 1 : Cfg::NB;                   // instructions per k16 step
+  constexpr int ACC = INSTR_N / 2;
   const unsigned long long a_desc = OpA::desc(stage, warpgroup * 64);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::BK / 16; ++kk)
 #pragma unroll
-    for (int nb = 0; nb < Cfg::NB; ++nb) {
+    for (int nb = 0; nb < INSTRS; ++nb) {
       const unsigned long long b_desc = OpB::desc(stage + Cfg::A_ELEMS, nb * Cfg::BN);
-      Wgmma<Cfg::BN, A_KMAJOR ? 0 : 1, B_KMAJOR ? 0 : 1>::mma(*reinterpret_cast<float(*)[ACC]>(&acc[nb][0][0][0]),
+      Wgmma<INSTR_N, A_KMAJOR ? 0 : 1, B_KMAJOR ? 0 : 1>::mma(*reinterpret_cast<float(*)[ACC]>(&acc[nb][0][0][0]),
                                                              a_desc + OpA::k16_step * kk,
                                                              b_desc + OpB::k16_step * kk, 1);
     }
