@@ -169,17 +169,15 @@ LoadedModule::LoadedModule(const std::vector<char>& cubin, const std::string& ke
     MB_CU(d.cuModuleGetFunction(&function_, module_, kernel_name.c_str()));
     if (dynamic_smem > 48 * 1024)
       MB_CU(d.cuFuncSetAttribute(function_, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem));
-    if (threads > 0) {
-      int per_sm = 0, sms = 0;
-      CUdevice dev;
-      MB_CU(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, function_, threads, dynamic_smem));
-      MB_CU(d.cuCtxGetDevice(&dev));
-      MB_CU(d.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
-      if (per_sm < 1)
-        throw Error(fmt::format("kernel {}: no block of {} threads and {} bytes of shared memory fits a multiprocessor",
-                                kernel_name, threads, dynamic_smem));
-      resident_blocks_ = per_sm * sms;
-    }
+    int per_sm = 0, sms = 0;
+    CUdevice dev;
+    MB_CU(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, function_, threads, dynamic_smem));
+    MB_CU(d.cuCtxGetDevice(&dev));
+    MB_CU(d.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+    if (per_sm < 1)
+      throw Error(fmt::format("kernel {}: no block of {} threads and {} bytes of shared memory fits a multiprocessor",
+                              kernel_name, threads, dynamic_smem));
+    resident_blocks_ = per_sm * sms;
   } catch (...) {
     d.cuModuleUnload(module_);
     throw;

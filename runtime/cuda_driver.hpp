@@ -124,14 +124,14 @@ class Event {
 // A loaded cubin with one kernel in it.
 class LoadedModule {
  public:
-  // threads > 0: also work out how many blocks of that size the device holds at once.
-  LoadedModule(const std::vector<char>& cubin, const std::string& kernel_name, int dynamic_smem, int threads = 0);
+  // Also works out how many blocks of `threads` threads the device holds at once.
+  LoadedModule(const std::vector<char>& cubin, const std::string& kernel_name, int dynamic_smem, int threads);
   ~LoadedModule();
   LoadedModule(const LoadedModule&) = delete;
   LoadedModule& operator=(const LoadedModule&) = delete;
   CUfunction function() const { return function_; }
   // Blocks resident on the whole device at once (occupancy x multiprocessors): the grid of a
-  // persistent kernel. 0 when not asked for.
+  // persistent kernel.
   int resident_blocks() const { return resident_blocks_; }
 
  private:

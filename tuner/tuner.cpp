@@ -243,12 +243,13 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
         if (!c.built) continue;
         try {
           c.built->loaded = std::make_shared<LoadedModule>(c.built->compiled.cubin, c.built->compiled.kernel_name,
-                                                           c.built->generated.dynamic_smem);
+                                                           c.built->generated.dynamic_smem, c.built->generated.threads);
           KernelSet set = base->with_kernel(*c.built);
           if (f == KernelFamily::down_dgrad) {  // gate_grad reads down_dgrad's tiles
             KernelSpec gs{KernelFamily::gate_grad, layer, c.spec.tile, arch};
             auto gg = build_with_cache({gs}, &cache);
-            gg[0].loaded = std::make_shared<LoadedModule>(gg[0].compiled.cubin, gg[0].compiled.kernel_name, 0);
+            gg[0].loaded = std::make_shared<LoadedModule>(gg[0].compiled.cubin, gg[0].compiled.kernel_name, 0,
+                                                          gg[0].generated.threads);
             set = set.with_kernel(gg[0]);
           }
           layers[i] = std::make_unique<MoeLayer>(std::make_shared<KernelSet>(std::move(set)));
