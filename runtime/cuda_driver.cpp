@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <mutex>
+#include <string_view>
 
 namespace moeblaze {
 namespace {
@@ -27,11 +28,20 @@ DriverLoad load_driver() {
     out.error = "libcuda.so.1 has no cuGetProcAddress_v2: the driver is older than CUDA 12";
     return out;
   }
+  // cuGetProcAddress hands out the newest ABI of a symbol up to the version asked for, which
+  // need not be the signature cuda.h declares under the plain name: at 13000, cuCtxGetDevice
+  // resolves to cuCtxGetDevice_v2(CUdevice*, CUcontext), and calling that through the
+  // one-argument type crashed every process on the H200. Such symbols (CUDA 13.0 added
+  // cuCtxGetDevice_v2 and cuCtxSynchronize_v2, both taking a context) are asked for at the
+  // version whose ABI cuda.h's plain declaration is.
+  auto abi_version = [](std::string_view name) {
+    return name == "cuCtxGetDevice" || name == "cuCtxSynchronize" ? 12000 : CUDA_VERSION;
+  };
 #define MOEBLAZE_RESOLVE(name)                                                                  \
   {                                                                                             \
     void* fn = nullptr;                                                                         \
     CUdriverProcAddressQueryResult status{};                                                    \
-    if (get_proc(#name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS || \
+    if (get_proc(#name, &fn, abi_version(#name), CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS || \
         !fn) {                                                                                  \
       out.error = "the CUDA driver does not provide " #name;                                  \
       return out;                                                                               \
