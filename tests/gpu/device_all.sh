@@ -60,8 +60,9 @@ tune)  # tune the presets into $MOEBLAZE_CACHE (the suite and the CLI bench then
     step "tune_$p" 300 $BIN tune --preset "$p" --budget "${TUNE_BUDGET:-75}" --candidates "${TUNE_CANDIDATES:-8}"
   done
   # The tuned cache comes back (carry it as build/tuned.db and set MOEBLAZE_CACHE to reuse it).
-  python3 -c "import sqlite3,sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" \
-    "$MOEBLAZE_CACHE" && cp "$MOEBLAZE_CACHE" "$OUT/tuned.db" ;;
+  # Files come back up to 16 MiB: drop unreferenced binaries (the losers) first.
+  $BIN cache gc --max-mb 14 > "$LOG/cache_gc.log" 2>&1
+  $BIN cache export "$OUT/tuned.db" >> "$LOG/cache_gc.log" 2>&1 ;;
 tuned)  # grad-check the tuned kernels of the presets (after tune)
   for p in ${PRESETS:-qwen3-30b-a3b}; do step "tuned_grad_$p" 200 $BIN grad-check --preset "$p" --tuned; done ;;
 mem) step memory_probe 120 python3 bench/memory_probe.py --shapes "${MEM_SHAPES:-mixtral-8x7b}" ;;
