@@ -76,10 +76,14 @@ mem) step memory_probe 120 python3 bench/memory_probe.py --shapes "${MEM_SHAPES:
 py) step py_tests 400 python3 -m pytest -x -q python/tests ;;
 pysuite) step py_suite_tests 500 env MOEBLAZE_SUITE=1 python3 -m pytest -x -q python/tests/test_torch_gpu.py -k "module_matches" ;;
 profile)  # Nsight Compute on the GEMM kernels of $PROFILE_PRESET (one launch each), text report
+  # PROFILE_FAMILIES (regex alternatives), PROFILE_SECTIONS (ncu section names) narrow it.
+  PF=${PROFILE_FAMILIES:-up_proj|down_proj|up_dgrad|up_wgrad|down_dgrad|down_wgrad}
+  SECTIONS=""
+  for x in ${PROFILE_SECTIONS:-SpeedOfLight MemoryWorkloadAnalysis ComputeWorkloadAnalysis WarpStateStats SchedulerStats Occupancy LaunchStats}; do
+    SECTIONS="$SECTIONS --section $x"
+  done
   step "profile_${PROFILE_PRESET:-mixtral-8x7b}" 300 ncu --target-processes all \
-    -k "regex:mb_(up_proj|down_proj|up_dgrad|up_wgrad|down_dgrad|down_wgrad)_" --launch-count 6 \
-    --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-    --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+    -k "regex:mb_($PF)_" --launch-count "$(echo "$PF" | tr '|' '\n' | wc -l)" $SECTIONS \
     $BIN bench --preset "${PROFILE_PRESET:-mixtral-8x7b}" --no-cache --steps 10 ${PROFILE_ARGS:-} ;;
 tilecheck)  # grad-check single tiles: TILE_CHECKS="preset:family=tile ..."
   for c in ${TILE_CHECKS:-}; do
