@@ -77,6 +77,24 @@ struct TileLoader {
 
   // k0: first k of this stage.
   MB_DEV void load(bf16_t* smem, int k0) const {
+    if constexpr (!KMAJOR) {
+      // MN-major stage whose k rows all exist and are evenly spaced (weights, h, dH): one
+      // pointer and a stride instead of a row lookup per chunk. The per-chunk lookups made a
+      // warp-specialised producer issue ~750 instructions per k step and starve its consumers
+      // (ncu on mixtral's up_dgrad, bench/NOTES.md v0.4).
+      if (src.contiguous(k0, ROWS)) {
+        const bool ok = col < src.limit;
+        const bf16_t* p = ok ? src.row(k0 + row0) + col : src.fallback();
+        const i64 step = ok ? static_cast<i64>(ROW_STEP) * src.ld : 0;
+#pragma unroll
+        for (int i = 0; i < PER_THREAD; ++i) {
+          const int r = row0 + i * ROW_STEP;
+          const int at = BLOCKED ? swizzle_blocked<ROWS>(r, col) : swizzle<COLS>(r, col);
+          cp_async16(smem + at, p + i * step, ok);
+        }
+        return;
+      }
+    }
 #pragma unroll
     for (int i = 0; i < PER_THREAD; ++i) {
       const int r = row0 + i * ROW_STEP;

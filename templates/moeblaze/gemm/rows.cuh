@@ -19,6 +19,9 @@ struct Rows {
   }
   MB_DEV const bf16_t* fallback() const { return base; }
   static constexpr bool kMayGather = true;
+  // Whether rows [r0, r0 + n) all exist and are evenly spaced ld apart from row(r0): a
+  // stage of such rows loads as one pointer plus a stride (TileLoader, MnMajorLoader).
+  MB_DEV bool contiguous(int r0, int n) const { return idx == nullptr && r0 + n <= count; }
   // row(r) in two steps, so a gathered index can be loaded early and used later.
   MB_DEV int key(int r) const { return r < count ? (idx ? idx[r] : r) : -1; }
   MB_DEV const bf16_t* at(int key) const { return base + static_cast<i64>(key) * ld; }
@@ -37,6 +40,10 @@ struct TwoPartRows {
     if (r < split) return r < count0 ? base0 + static_cast<i64>(r) * ld : nullptr;
     r -= split;
     return r < count1 ? base1 + static_cast<i64>(r) * ld : nullptr;
+  }
+  // Rows [r0, r0 + n) all exist inside one part (see Rows::contiguous).
+  MB_DEV bool contiguous(int r0, int n) const {
+    return r0 + n <= split ? r0 + n <= count0 : r0 >= split && r0 + n - split <= count1;
   }
   MB_DEV const bf16_t* fallback() const { return base0; }
   // Never gathered: its MN-major tiles load through TileLoader directly (StageLoader).

@@ -80,11 +80,23 @@ struct MnMajorLoader {
     row0 = tid / CHUNKS_PER_ROW;
     col = (tid % CHUNKS_PER_ROW) * 8;
   }
+  int k_first;  // the k of the stage to load next (for sources whose rows are contiguous)
   MB_DEV void fetch(int k0) {
+    k_first = k0;
+    if (src.contiguous(k0, ROWS)) return;  // load() needs no keys (a pointer and a stride)
 #pragma unroll
     for (int i = 0; i < PER_THREAD; ++i) keys[i] = src.key(k0 + row0 + i * ROW_STEP);
   }
   MB_DEV void load(bf16_t* smem) const {
+    if (src.contiguous(k_first, ROWS)) {  // hg, dH: never gathered (see TileLoader::load)
+      const bool ok = col < src.limit;
+      const bf16_t* p = ok ? src.row(k_first + row0) + col : src.fallback();
+      const i64 step = ok ? static_cast<i64>(ROW_STEP) * src.ld : 0;
+#pragma unroll
+      for (int i = 0; i < PER_THREAD; ++i)
+        cp_async16(smem + swizzle_blocked<ROWS>(row0 + i * ROW_STEP, col), p + i * step, ok);
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < PER_THREAD; ++i) {
       const int r = row0 + i * ROW_STEP;
