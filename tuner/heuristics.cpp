@@ -8,13 +8,16 @@ bool is_hopper(const std::string& arch) { return arch == "sm_90a"; }
 
 TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std::string& arch) {
   if (is_hopper(arch) && is_tiled(family)) {
-    // wgmma: the winners of `moeblaze tune` on the six suite shapes (bench/NOTES.md,
-    // 2026-11-30). Warp-specialised for the forward GEMMs; everything else on the shared
-    // pipeline at 3 stages, where two blocks fit on an SM and one's epilogue overlaps the
-    // other's mainloop (the weight gradients prefetch their gathered row indices).
+    // wgmma: the winners of `moeblaze tune` on the suite shapes (bench/NOTES.md v0.4,
+    // 2026-11-30). Warp-specialised 128x256 wherever the producer's loads are a pointer and a
+    // stride per stage (both forward GEMMs, up_dgrad, down_wgrad); the shared pipeline at 3
+    // stages elsewhere, where two blocks fit on an SM and one's epilogue overlaps the other's
+    // mainloop (down_dgrad's heavy epilogue, up_wgrad's gathered MN-major rows).
     switch (family) {
       case KernelFamily::up_proj: return wgmma_tile(128, 128, 4, true);  // gated: 2 x 128 columns
-      case KernelFamily::down_proj: return wgmma_tile(128, 256, 4, true);
+      case KernelFamily::down_proj:
+      case KernelFamily::up_dgrad:
+      case KernelFamily::down_wgrad: return wgmma_tile(128, 256, 4, true);
       case KernelFamily::router_logits:
       case KernelFamily::router_wgrad: return wgmma_tile(128, 64, 4);
       default: return wgmma_tile(128, 128, 3);
