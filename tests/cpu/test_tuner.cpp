@@ -73,6 +73,23 @@ TEST_CASE("tuner: candidates are legal, unique, default first") {
   CHECK(tunable_families(l).size() == 9);  // 6 expert GEMMs + 3 router GEMMs
 }
 
+TEST_CASE("tuner: the first candidates span the tile kinds; persistent tiles only for expert GEMMs") {
+  const LayerConfig l = find_preset("mixtral-8x7b").layer;
+  for (KernelFamily f : tunable_families(l)) {
+    INFO(to_string(f));
+    const auto c = tile_candidates(f, l, "sm_90a", 7);  // what device_all.sh's tune runs
+    bool wg = false, ws = false, wsp = false;
+    for (const auto& t : c) {
+      wg |= t.wgmma == 1;
+      ws |= t.wgmma == 2;
+      wsp |= t.persistent();
+    }
+    CHECK(wg);
+    CHECK(ws);
+    CHECK(wsp == supports_persistent(f));
+  }
+}
+
 TEST_CASE("tuner: token buckets are powers of two") {
   CHECK(token_bucket(1) == 1);
   CHECK(token_bucket(4096) == 4096);
