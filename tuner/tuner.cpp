@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -336,6 +337,16 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
       ft.default_spread = def_stats.spread;
       say(fmt::format("  {:<14} {} {:.3f} ms (default {} {:.3f} ms, {} candidates, {} failed)", ft.family, w.config,
                       ft.winner_ms, ft.default_tile, ft.default_ms, ft.candidates, ft.failures));
+      // Every candidate, fastest first: the side-by-side view (also in the cache's measurements).
+      std::vector<const Measurement*> order;
+      for (const auto& m : ms) order.push_back(&m);
+      std::stable_sort(order.begin(), order.end(), [](const Measurement* a, const Measurement* b) {
+        const bool ra = a->status == "ok", rb = b->status == "ok";
+        return ra != rb ? ra : ra && a->median_ms < b->median_ms;
+      });
+      for (const Measurement* m : order)
+        say(m->status == "ok" ? fmt::format("      {:<28} {:>9.3f} ms  +-{:.3f}", m->config, m->median_ms, m->spread_ms)
+                              : fmt::format("      {:<28} {:>9}     {}", m->config, m->status, m->detail));
       rep.families.push_back(ft);
     }
     // Whole step, default vs tuned, interleaved.
