@@ -4,17 +4,17 @@
 // accumulator layout, so every epilogue written for gemm::for_each_pair runs unchanged.
 //
 // Threads: consumers are threads [0, Cfg::THREADS) (warpgroup g computes rows [64g, 64g+64)),
-// the producer is threads [Cfg::THREADS, Cfg::BLOCK_THREADS): a warpgroup, or two warps for
-// persistent tiles (Cfg::PRODUCER_THREADS; see mainloop.cuh). Epilogues act on
-// consumer threads only (for_each_pair skips the producer).
+// the producer warpgroup is threads [Cfg::THREADS, Cfg::BLOCK_THREADS). The two roles run as
+// separate code (for_each_tile) with their own register budgets (setmaxnreg); epilogues run
+// on the consumers only.
 //
 // Pipeline, per stage s (three mbarriers):
-//   landed[s]  (one arrival per producer thread): each producer thread's cp.async.mbarrier.arrive.noinc fires
-//              when that thread's copies into the stage have completed.
-//   full[s]    (one arrival per producer thread): a producer thread that saw landed[s] complete fences its
-//              view of the stage into the async proxy (cp.async writes through the generic
-//              proxy, wgmma reads through the async proxy) and arrives; the consumers wait
-//              on full[s] and then issue wgmma on the stage.
+//   landed[s]  (one arrival per producer thread): each producer thread's
+//              cp.async.mbarrier.arrive.noinc fires when its copies into the stage completed.
+//   full[s]    (one arrival per producer thread): a producer thread that saw landed[s]
+//              complete fences its view of the stage into the async proxy (cp.async
+//              writes through the generic proxy, wgmma reads through the async proxy) and
+//              arrives; the consumers wait on full[s] and then issue wgmma on the stage.
 //   empty[s]   (one arrival per consumer warp): a consumer warp arrives once the wgmma group
 //              that read the stage has completed; the producer waits on it before refilling.
 // The producer never blocks on a single event: it runs a small loop that issues the next
