@@ -61,15 +61,14 @@ struct TileLoader {
 
   // K-major rows keep their pointers (one index load per tile, not per stage). Recomputing
   // never-gathered rows per stage instead measured more producer spills, not fewer.
-  static constexpr bool CACHE_ROWS = KMAJOR;
   const Src& src;
   int row0, col;                           // this thread's first row and its column
-  const bf16_t* rows[CACHE_ROWS ? PER_THREAD : 1];
+  const bf16_t* rows[KMAJOR ? PER_THREAD : 1];
 
   MB_DEV TileLoader(const Src& s, int tid) : src(s) {
     row0 = tid / CHUNKS_PER_ROW;
     col = (tid % CHUNKS_PER_ROW) * 8;
-    if constexpr (CACHE_ROWS) {
+    if constexpr (KMAJOR) {
 #pragma unroll
       for (int i = 0; i < PER_THREAD; ++i) rows[i] = src.row(row0 + i * ROW_STEP);
     }

@@ -75,12 +75,12 @@ struct MnMajorLoader {
   const Src& src;
   int row0, col;
   int keys[PER_THREAD];  // row keys of the stage to load next (src.key: -1 = no row)
+  int k_first;           // the k of the stage to load next (for sources whose rows are contiguous)
 
   MB_DEV MnMajorLoader(const Src& s, int tid) : src(s) {
     row0 = tid / CHUNKS_PER_ROW;
     col = (tid % CHUNKS_PER_ROW) * 8;
   }
-  int k_first;  // the k of the stage to load next (for sources whose rows are contiguous)
   MB_DEV void fetch(int k0) {
     k_first = k0;
     if (src.contiguous(k0, ROWS)) return;  // load() needs no keys (a pointer and a stride)
