@@ -18,6 +18,8 @@ def write_table(res, path):
     lines = [f"# moeblaze suite, {res['date']}, {res['device']}, torch {res['torch']}", "",
              f"Ceilings in this run: dense bf16 GEMM {res['ceilings']['gemm_tflops']:.0f} TFLOP/s, copy "
              f"{res['ceilings']['copy_tbps']:.2f} TB/s.", "",
+             "Peak: the allocator trace replayed with the weight gradients left out at every moment "
+             "(bench/peak_memory.py); in brackets, max_memory_allocated minus all weight gradients.", "",
              "| shape | routing | T | impl | fwd ms | step ms | TFLOP/s | act MiB | peak MiB | step vs best baseline | peak vs best baseline |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     groups = {}
@@ -33,8 +35,9 @@ def write_table(res, path):
                 continue
             ratio = f"{best['step_ms'] / r['step_ms']:.2f}x" if best else "-"
             pr = f"{r['peak_mib'] / best_peak:.2f}x" if best_peak else "-"
+            alloc = f" ({r['peak_alloc_mib']:.0f})" if "peak_alloc_mib" in r else ""
             lines.append(f"| {shape} | {routing} | {T} | {r['impl']} | {r['fwd_ms']:.2f} | {r['step_ms']:.2f} | "
-                         f"{r['tflops']:.0f} | {r['act_mib']:.0f} | {r['peak_mib']:.0f} | {ratio} | {pr} |")
+                         f"{r['tflops']:.0f} | {r['act_mib']:.0f} | {r['peak_mib']:.0f}{alloc} | {ratio} | {pr} |")
     pairs = []
     for (shape, routing, T), rows in groups.items():
         by = {r["impl"]: r for r in rows if "error" not in r}

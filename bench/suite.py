@@ -2,7 +2,7 @@
 moeblaze (through the Python binding) against the PyTorch baselines of baselines.py, same
 inputs, same GPU. Forward and step (forward+backward) median ms over CUDA events,
 TFLOP/s = 18TKdn/step, activation memory held between forward and backward beyond the
-output, and peak extra memory of a step (weights and their gradients excluded); random and
+output, and peak extra memory of a step (weights and their gradients excluded: peak_memory.py); random and
 skewed routing; a token sweep; the dense GEMM and copy ceilings measured in the same run;
 the per-kernel breakdown from `moeblaze bench --json`. Writes results.json, table.md and
 tflops.png under --out.
@@ -29,6 +29,7 @@ sys.path.insert(0, str(HERE.parent / "python"))
 sys.path.insert(0, str(HERE))
 import moeblaze.torch as mbt  # noqa: E402
 from baselines import torch_grouped_mm, torch_loop  # noqa: E402
+from peak_memory import step_peak_bytes  # noqa: E402
 from report import write_outputs  # noqa: E402
 from moeblaze.reference import route  # noqa: E402
 
@@ -128,11 +129,15 @@ def run_case(shape, impl, routing, T, steps):
     step()
     torch.cuda.synchronize()
     weight_grads = sum(p.numel() * p.element_size() for p in params)
-    peak = torch.cuda.max_memory_allocated() - base - weight_grads  # weight gradients excluded
+    peak_alloc = torch.cuda.max_memory_allocated() - base - weight_grads  # all grads taken off the peak
+    for t in leaves:
+        t.grad = None
+    peak = step_peak_bytes(step, lambda: [p.grad for p in params])  # grads excluded at every moment
     flops = 18.0 * T * K * d * n
     return {"shape": shape["name"], "impl": impl, "routing": routing, "tokens": T, "fwd_ms": fwd_ms,
             "step_ms": step_ms, "step_spread_ms": spread, "tflops": flops / step_ms / 1e9,
-            "act_mib": act / 2 ** 20, "peak_mib": peak / 2 ** 20}
+            "act_mib": act / 2 ** 20, "peak_mib": peak / 2 ** 20,
+            "peak_alloc_mib": peak_alloc / 2 ** 20}
 
 
 def kernel_breakdown(name, T):

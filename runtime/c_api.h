@@ -107,6 +107,7 @@ MB_API int mb_layer_plan_memory(const mb_layer* layer, int64_t tokens, int32_t m
 MB_API int mb_layer_report(const mb_layer* layer, char* buf, size_t size);
 /* stream: a CUstream / cudaStream_t as an integer (0 = the legacy default stream). */
 MB_API int mb_layer_forward(const mb_layer* layer, const mb_forward_args* args, uint64_t stream, mb_state* state);
+/* Consumes the state: in save-h mode the saved buffer's H becomes dH (one backward per forward). */
 MB_API int mb_layer_backward(const mb_layer* layer, const mb_state* state, const mb_backward_args* args, uint64_t stream);
 
 /* Tunes the layer for the token counts into the cache (compile-only without a GPU); the

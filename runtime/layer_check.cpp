@@ -292,7 +292,7 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
     Snapshot& snap = runs[run];
     snap.add("y", d_y.get(), d_y.size());
     snap.add("index arrays", saved.get(), res.plan.index_bytes);
-    if (state.H) snap.add("H", state.H, res.plan.h_floor_bytes);
+    if (state.H) snap.add(o.backward ? "dH (over the saved H)" : "H", state.H, res.plan.h_floor_bytes);
     if (router) snap.add("gates", d_gates_out.get(), d_gates_out.size());
     if (o.backward) {
       snap.add("dx", d_dx.get(), d_dx.size());

@@ -51,7 +51,7 @@ struct ForwardArgs {
   TensorRef y;             // [T,d] bf16 out
   TensorRef gates_out;     // [T,K] f32, optional: the built-in router's gates
   CheckpointMode mode = CheckpointMode::save_h;
-  CUdeviceptr saved = 0;   // memory_plan().saved_bytes, caller-owned, kept until backward
+  CUdeviceptr saved = 0;   // memory_plan().saved_bytes, caller-owned, kept until backward (which consumes it)
   size_t saved_bytes = 0;
   CUdeviceptr scratch = 0;  // memory_plan().forward_scratch_bytes
   size_t scratch_bytes = 0;
@@ -111,6 +111,8 @@ class MoeLayer {
   MemoryPlan memory_plan(int64_t tokens, CheckpointMode mode) const;
 
   ForwardState forward(const ForwardArgs& args, CUstream stream) const;
+  // Consumes a save-h state: the saved H is overwritten with dH (peak memory), so each
+  // forward's state takes one backward; run forward again for another.
   void backward(const ForwardState& state, const BackwardArgs& args, CUstream stream) const;
 
   // Reads the status word the index build left (synchronises the stream).

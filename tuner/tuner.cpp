@@ -186,9 +186,12 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
     const MoeLayer base_layer(base);
     CUstream st = ws.stream.get();
     int rotation = 0;
-    ForwardState state;  // the last forward's state, used by backward-only passes
+    ForwardState state;
+    // A backward consumes its forward's state (dH is written over the saved H), so a
+    // backward-only pass first rebuilds the state with the default forward (untimed).
     auto run = [&](const MoeLayer& l, bool fwd, bool bwd, LaunchObserver* obs, int rot) {
       ForwardArgs fa = ws.forward_args(rot);
+      if (!fwd && bwd) state = base_layer.forward(fa, st);
       fa.observer = obs;
       if (fwd) state = l.forward(fa, st);
       if (bwd) {
@@ -211,14 +214,12 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
     const Outputs ref_bwd = read_outputs(ws, true);
 
     std::map<KernelFamily, TileConfig> chosen;
-    // Forward families first (they overwrite the saved state), then backward families on
-    // a state rebuilt by the default forward.
+    // Forward families first, then backward families (each backward on a fresh default forward).
     std::vector<KernelFamily> order;
     for (auto& [f, v] : cands)
       if (is_forward_family(f)) order.push_back(f);
     for (auto& [f, v] : cands)
       if (!is_forward_family(f)) order.push_back(f);
-    bool state_is_default = false;
     for (KernelFamily f : order) {
       std::vector<Candidate>& cs = cands[f];
       FamilyTuning ft;
@@ -233,10 +234,6 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
         continue;
       }
       const bool fwd = is_forward_family(f);
-      if (!fwd && !state_is_default) {
-        run(base_layer, true, false, nullptr, 0);
-        state_is_default = true;
-      }
       // Load and check each candidate against the default's outputs before timing it.
       std::vector<std::unique_ptr<MoeLayer>> layers(cs.size());
       for (size_t i = 0; i < cs.size(); ++i) {
@@ -271,7 +268,6 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
           say(fmt::format("  {:<14} {} {}{}: {}", ft.family, c.spec.tile.to_string(), c.failure_status,
                           i == 0 ? " (the default)" : "", c.failure));
       }
-      if (fwd) state_is_default = false;
       // Interleaved timing: every sample visits every live candidate once.
       KernelTimer timer(f);
       for (int s = 0; s < o.samples; ++s) {

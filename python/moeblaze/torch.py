@@ -163,7 +163,7 @@ def _setup_context(ctx, inputs, output):
     x, topk_ids, topk_weights, w_router, router_bias, w1, w3, w2, cfg, route_scale, mode = inputs
     _, saved, state, _, _ = output
     ctx.save_for_backward(x, topk_weights, w_router, router_bias, w1, w3, w2, saved, state)
-    ctx.cfg, ctx.route_scale = cfg, route_scale
+    ctx.cfg, ctx.route_scale, ctx.mode = cfg, route_scale, mode
     # By default autograd hands backward a zero tensor for every output without a gradient,
     # here the whole saved buffer (1.8 GiB on mixtral-8x7b) in the middle of the step.
     ctx.set_materialize_grads(False)
@@ -172,6 +172,11 @@ def _setup_context(ctx, inputs, output):
 def _autograd_backward(ctx, dy, _dsaved, _dstate, _dcounts, _dgates):
     if dy is None:  # y did not reach the loss: no gradient flows through the layer
         return (None,) * 11
+    # In save-h mode the backward writes dH over the saved H (peak memory): one backward per forward.
+    if ctx.mode == 0 and getattr(ctx, "consumed", False):
+        raise RuntimeError("moeblaze: this forward's saved activations were consumed by an earlier backward "
+                           "(dH is written over them); run the forward again instead of retain_graph=True")
+    ctx.consumed = True
     x, topk_weights, w_router, router_bias, w1, w3, w2, saved, state = ctx.saved_tensors
     dx, dw1, dw3, dw2, dtw, dwr = _backward(dy.contiguous(), x, topk_weights, w_router, router_bias, w1, w3, w2,
                                             saved, state, ctx.cfg, ctx.route_scale)

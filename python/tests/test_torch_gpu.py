@@ -166,6 +166,16 @@ def test_training_loss_curves_agree():
     assert a[-20:].mean() < a[:20].mean()  # it trains
 
 
+def test_second_backward_of_one_forward_is_refused():
+    # save-h: the backward writes dH over the saved H, so a retained graph cannot run twice.
+    m = make_layer(8, 2, 128, 128)
+    x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y = m(x).y
+    y.backward(torch.ones_like(y), retain_graph=True)
+    with pytest.raises(RuntimeError, match="consumed by an earlier backward"):
+        y.backward(torch.ones_like(y))
+
+
 def test_cuda_graph_replay_is_identical():
     m = make_layer(32, 4, 256, 128)
     x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)

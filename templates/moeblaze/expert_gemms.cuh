@@ -99,7 +99,10 @@ MB_DEV float slot_gate(const RoutingView& rv, int slot, int expert) {
 // ---- backward: down-projection dgrad -------------------------------------------------------
 // dh' = gather(dy) W2_e. Epilogue: recompute h from the saved [A|B], emit
 // dA = g dh' B act'(A), dB = g dh' act(A), hg = g h, and this tile's part of the gate
-// gradient <dh', h> (summed over tiles in a fixed order by gate_grad_reduce).
+// gradient <dh', h> (summed over tiles in a fixed order by gate_grad_reduce). dH may be H
+// (the runtime writes it in place): each epilogue thread loads both of its H elements before
+// it stores the dA/dB at the same addresses, and no other thread touches them, so H and dH
+// stay plain (not restrict, not read-only-cache) pointers.
 template <class Cfg, int E, int K, int D, int N, Activation ACT>
 MB_DEV void down_dgrad(const DownDgradArgs& p) {
   constexpr int G = gate_parts<ACT>();

@@ -91,7 +91,8 @@ struct DownDgradArgs {
   const void* dy;        // [T,d]
   const void* w2;        // [E,d,n]
   const void* H;         // [T*K, G*n]
-  void* dH;              // [T*K, G*n] out: [dA|dB]
+  void* dH;              // [T*K, G*n] out: [dA|dB]; the runtime passes H itself (in place:
+                         // each thread reads its H elements before it writes them)
   void* hg;              // [T*K, n] out: gate * h (input of the down wgrad)
   float* gate_partials;  // [T*K, n_tiles] out: per-tile parts of <dy W2, h>
 };

@@ -144,7 +144,14 @@ TEST_CASE("validation: memory plan sizes follow the checkpoint mode") {
   CHECK(s.saved_bytes <= s.h_floor_bytes * 11 / 10);   // issue target: 1.1x the H floor
   CHECK(r.saved_bytes == r.index_bytes);                 // recompute keeps the index arrays only
   CHECK(r.index_bytes < size_t(T) * 8 * 4 * 3 + 64 * 1024);
-  CHECK(r.backward_scratch_bytes > s.backward_scratch_bytes);  // H recomputed into scratch
+  CHECK(r.backward_scratch_bytes == s.backward_scratch_bytes + s.h_floor_bytes);  // H recomputed into scratch
+  // dH is written over H: the save-h scratch is the larger of (hg + gate partials) and the
+  // per-slot dx, plus the router's recomputed logits/picks/gates and their gradients.
+  const size_t TK = size_t(T) * 8, n_tiles = (768 + kDgradBn - 1) / kDgradBn;
+  const size_t unioned = std::max(TK * 768 * 2 + TK * n_tiles * 4, TK * 2048 * 2);
+  const size_t router = l.router == RouterKind::none ? 0 : size_t(T) * 128 * 4 + 3 * TK * 4 + size_t(T) * 128 * 2;
+  CHECK(s.backward_scratch_bytes >= unioned + router);
+  CHECK(s.backward_scratch_bytes <= unioned + router + 8 * 256);
   CHECK_THROWS_AS(plan_memory(l, 0, CheckpointMode::save_h, kDgradBn), InvalidArgument);
   CHECK_THROWS_AS(plan_memory(l, int64_t(1) << 29, CheckpointMode::save_h, kDgradBn), InvalidArgument);
 }
