@@ -50,6 +50,9 @@ struct TileConfig {
   // the next tile while its consumers run the epilogue. With wgmma warps_m = bm/16,
   // warps_n = 1 (the accumulator layout of wgmma).
   int wgmma = 0;
+  // The weight operand by TMA (cp.async.bulk.tensor, templates/moeblaze/gemm/tma.cuh) instead
+  // of the producer's cp.async copies ("_tma"): warp-specialised up_proj and down_proj tiles.
+  bool tma = false;
   bool warp_specialized() const { return wgmma >= 2; }
   bool persistent() const { return wgmma == 3; }
   // The producer: one warpgroup (mainloop.cuh's Tile::PRODUCER_THREADS).
@@ -62,7 +65,7 @@ struct TileConfig {
   int loader_threads() const { return warp_specialized() ? producer_threads() : compute_threads(); }
   // wgmma tiles reserve 1 KiB to align their 128-byte-swizzle atoms to 1024 bytes.
   int smem_bytes(int nb) const { return stages * (bm * bk + nb * bn * bk) * 2 + (wgmma ? 1024 : 0); }
-  std::string to_string() const;  // "128x128x64_w2x4_s3", "..._wg" / "..._ws" / "..._wsp" for wgmma
+  std::string to_string() const;  // "128x128x64_w2x4_s3", "..._wg" / "..._ws" / "..._wsp" for wgmma, "+_tma"
   // Inverse of to_string; throws InvalidArgument("tile", ...) on a malformed string.
   static TileConfig parse(const std::string& s);
   bool operator==(const TileConfig&) const = default;

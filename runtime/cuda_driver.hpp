@@ -25,7 +25,7 @@ struct CudaDriver {
   X(cuMemcpyDtoHAsync) X(cuMemsetD8Async) X(cuMemsetD32Async) X(cuMemGetInfo)               \
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuEventCreate)              \
   X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)         \
-  X(cuCtxGetDevice) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)
+  X(cuCtxGetDevice) X(cuOccupancyMaxActiveBlocksPerMultiprocessor) X(cuTensorMapEncodeTiled)
 #define MOEBLAZE_DECLARE(name) decltype(&::name) name = nullptr;
   MOEBLAZE_DRIVER_FUNCTIONS(MOEBLAZE_DECLARE)
 #undef MOEBLAZE_DECLARE

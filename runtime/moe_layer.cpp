@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include "moeblaze/kernel_args.cuh"
+#include "tma.hpp"
 
 namespace moeblaze {
 namespace {
@@ -136,6 +137,19 @@ int64_t tokens_of(const TensorRef& x, const char* name) {
   if (x.shape.size() != 2) throw InvalidArgument(name, fmt::format("must be 2-D [T,d], got {}", shape_string(x.shape)));
   if (x.shape[0] <= 0) throw InvalidArgument(name, fmt::format("has T = {} tokens; T must be at least 1", x.shape[0]));
   return x.shape[0];
+}
+
+// TMA tiles (TileConfig::tma) read their weight tiles through tensor maps in the argument.
+void attach_weight_maps(UpProjArgs& up, const TileConfig& t, const LayerConfig& l) {
+  if (!t.tma) return;
+  const int64_t rows = int64_t{l.shape.experts} * l.shape.ffn;
+  up.tma_w1 = encode_weight_map(reinterpret_cast<CUdeviceptr>(up.w1), rows, l.shape.hidden, t.bn, "w1");
+  if (up.w3) up.tma_w3 = encode_weight_map(reinterpret_cast<CUdeviceptr>(up.w3), rows, l.shape.hidden, t.bn, "w3");
+}
+void attach_weight_maps(DownProjArgs& down, const TileConfig& t, const LayerConfig& l) {
+  if (!t.tma) return;
+  const int64_t rows = int64_t{l.shape.experts} * l.shape.hidden;
+  down.tma_w2 = encode_weight_map(reinterpret_cast<CUdeviceptr>(down.w2), rows, l.shape.ffn, t.bn, "w2");
 }
 
 template <class T>
@@ -304,11 +318,13 @@ ForwardState MoeLayer::forward(const ForwardArgs& a, CUstream stream) const {
                 reinterpret_cast<const void*>(a.w3.ptr),
                 st.H ? reinterpret_cast<void*>(st.H) : nullptr,
                 dptr<void>(a.scratch, fs.h)};
+  attach_weight_maps(up, ut, l);
   ks.launch(KernelFamily::up_proj, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream, a.observer);
   // 4. Down-projection, then the gate-weighted token-major combine.
   const TileConfig& dt = ks.get(KernelFamily::down_proj).generated.spec.tile;
   DownProjArgs down{rv, dptr<void>(a.scratch, fs.h), reinterpret_cast<const void*>(a.w2.ptr),
                     dptr<void>(a.scratch, fs.o)};
+  attach_weight_maps(down, dt, l);
   ks.launch(KernelFamily::down_proj, slot_tile_blocks(TK, dt.bm, dt.bn, E, d), down, stream, a.observer);
   CombineArgs comb{dptr<int>(a.saved, sl.tim), gates, dptr<void>(a.scratch, fs.o), T, dptr<void>(a.y)};
   ks.launch(KernelFamily::combine, T, comb, stream, a.observer);
@@ -404,6 +420,7 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
   if (s.mode == CheckpointMode::recompute) {
     const TileConfig& ut = ks.get(KernelFamily::up_proj).generated.spec.tile;
     UpProjArgs up{rv, cptr(a.x), cptr(a.w1), cptr(a.w3), dptr<void>(a.scratch, bs.H), nullptr};
+    attach_weight_maps(up, ut, l);
     ks.launch(KernelFamily::up_proj, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream, a.observer);
     H = dptr<void>(a.scratch, bs.H);
   }

@@ -24,6 +24,13 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
     if (!legality_problem(KernelSpec{family, layer, t, arch}).empty()) return;
     all.push_back(t);
   };
+  // The TMA variant of a warp-specialised tile (weights by cp.async.bulk.tensor; `add` keeps
+  // it only where legal: up_proj and down_proj).
+  auto with_tma = [](TileConfig t) {
+    t.tma = true;
+    return t;
+  };
+  if (arch == "sm_90a" && def.warp_specialized()) add(with_tma(def));
   const int nb = stacked_b_tiles(family, layer.activation);
   // Hopper: wgmma tiles first (persistent and one-tile warp-specialised, then the shared
   // pipeline), mma.sync last.
@@ -63,8 +70,10 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
   if (arch == "sm_90a" && supports_wgmma(family))
     for (const TileConfig& t : {wgmma_tile(128, 128, 3), wgmma_tile(128, 128, 4, true), wgmma_tile(128, 256, 4, true),
                                 wgmma_tile(128, 256, 4, true, true), wgmma_tile(128, 128, 4, true, true),
-                                wgmma_tile(128, 256, 3)})
+                                wgmma_tile(128, 256, 3)}) {
       add(t);
+      if (t.warp_specialized()) add(with_tma(t));
+    }
   for (const auto& t : wgmma) add(t);
   for (const auto& t : sync) add(t);
   if (static_cast<int>(all.size()) > limit) all.resize(limit);

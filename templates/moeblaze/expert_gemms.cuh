@@ -26,11 +26,19 @@ MB_DEV void up_proj(const UpProjArgs& p) {
     const i64 w_off = (static_cast<i64>(t.expert) * N + t.n0) * D;
     const int n_rows = N - t.n0 < Cfg::BN ? N - t.n0 : Cfg::BN;
     const gemm::Rows a{x, p.rv.expert_token_indices + t.slot0, t.rows, D, D};
-    const gemm::TwoPartRows b{static_cast<const bf16_t*>(p.w1) + w_off,
-                              G == 2 ? static_cast<const bf16_t*>(p.w3) + w_off : nullptr,
-                              Cfg::BN, n_rows, G == 2 ? n_rows : 0, D, D};
     float acc[Cfg::NB][Cfg::MT][Cfg::NT][4];
-    gemm::run_mainloop<Cfg, true, true>(acc, a, b, D, gemm::dynamic_smem(), pipe, role);
+    if constexpr (Cfg::TMA) {  // W1/W3 rows [e*N + n0, +BN) of the [E*N, D] maps (rows past N: unused columns)
+      gemm::TmaRows<G> b;
+      b.map[0] = &p.tma_w1;
+      if constexpr (G == 2) b.map[G - 1] = &p.tma_w3;
+      b.row = t.expert * N + t.n0;
+      gemm::run_mainloop<Cfg, true, true>(acc, a, b, D, gemm::dynamic_smem(), pipe, role);
+    } else {
+      const gemm::TwoPartRows b{static_cast<const bf16_t*>(p.w1) + w_off,
+                                G == 2 ? static_cast<const bf16_t*>(p.w3) + w_off : nullptr,
+                                Cfg::BN, n_rows, G == 2 ? n_rows : 0, D, D};
+      gemm::run_mainloop<Cfg, true, true>(acc, a, b, D, gemm::dynamic_smem(), pipe, role);
+    }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
 
     bf16_t* H = static_cast<bf16_t*>(p.H);
@@ -70,10 +78,15 @@ MB_DEV void down_proj(const DownProjArgs& p) {
     const bf16_t* h = static_cast<const bf16_t*>(p.h);
     const bf16_t* w2 = static_cast<const bf16_t*>(p.w2);
     const gemm::Rows a{h + static_cast<i64>(t.slot0) * N, nullptr, t.rows, N, N};
-    const gemm::Rows b{w2 + (static_cast<i64>(t.expert) * D + t.n0) * N, nullptr,
-                       D - t.n0 < Cfg::BN ? D - t.n0 : Cfg::BN, N, N};
     float acc[1][Cfg::MT][Cfg::NT][4];
-    gemm::run_mainloop<Cfg, true, true>(acc, a, b, N, gemm::dynamic_smem(), pipe, role);
+    if constexpr (Cfg::TMA) {  // W2 rows [e*D + n0, +BN) of the [E*D, N] map
+      const gemm::TmaRows<1> b{{&p.tma_w2}, t.expert * D + t.n0};
+      gemm::run_mainloop<Cfg, true, true>(acc, a, b, N, gemm::dynamic_smem(), pipe, role);
+    } else {
+      const gemm::Rows b{w2 + (static_cast<i64>(t.expert) * D + t.n0) * N, nullptr,
+                         D - t.n0 < Cfg::BN ? D - t.n0 : Cfg::BN, N, N};
+      gemm::run_mainloop<Cfg, true, true>(acc, a, b, N, gemm::dynamic_smem(), pipe, role);
+    }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
     bf16_t* o = static_cast<bf16_t*>(p.o);
     gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {

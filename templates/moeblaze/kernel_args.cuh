@@ -62,6 +62,14 @@ struct IndexBuildArgs {
 };
 
 // ---- expert GEMMs ------------------------------------------------------------------------
+// A TMA tensor map (CUtensorMap: 128 opaque bytes; CUDA 13 aligns it to 128), encoded by the host
+// (runtime/tma.cpp) for tiles that load an operand with cp.async.bulk.tensor. The kernel
+// takes its argument struct as a __grid_constant__ parameter, so the map's address is the
+// parameter's own (the PTX ISA requires param, const or global memory for a tensor map).
+struct alignas(128) TmaMap {
+  unsigned long long opaque[16];
+};
+
 struct UpProjArgs {      // forward and backward-recompute up-projection
   RoutingView rv;
   const void* x;         // [T,d]
@@ -69,6 +77,7 @@ struct UpProjArgs {      // forward and backward-recompute up-projection
   const void* w3;        // [E,n,d] (gated only)
   void* H;               // [T*K, G*n] saved pre-activations [A|B], or nullptr
   void* h;               // [T*K, n] activations for the down-projection, or nullptr
+  TmaMap tma_w1, tma_w3;  // TMA tiles only: W1, W3 as [E*n, d], box [BN rows][64 k]
 };
 
 struct DownProjArgs {
@@ -76,6 +85,7 @@ struct DownProjArgs {
   const void* h;         // [T*K, n]
   const void* w2;        // [E,d,n]
   void* o;               // [T*K, d] expert outputs (gate applied in the combine)
+  TmaMap tma_w2;         // TMA tiles only: W2 as [E*d, n], box [BN rows][64 k]
 };
 
 struct CombineArgs {     // y_t = sum_j g_tj * rows[token_index_map[t,j]]; also dx gather-sum

@@ -272,3 +272,40 @@ TEST_CASE("generator: persistent warp-specialised tiles compile for every expert
           "persistent tiles are for the expert GEMMs");
   CHECK(legality_problem(KernelSpec{KernelFamily::down_dgrad, l, p, "sm_90a"}).empty());
 }
+
+TEST_CASE("generator: TMA weight tiles (up_proj, down_proj) compile for every suite shape and issue bulk tensor copies") {
+  const TileConfig up_ws = [] { TileConfig t = wgmma_tile(128, 128, 4, true); t.tma = true; return t; }();
+  const TileConfig down_ws = [] { TileConfig t = wgmma_tile(128, 256, 4, true); t.tma = true; return t; }();
+  const TileConfig down_wsp = [] { TileConfig t = wgmma_tile(128, 256, 4, true, true); t.tma = true; return t; }();
+  CHECK(up_ws.to_string() == "128x128x64_w8x1_s4_ws_tma");
+  CHECK(TileConfig::parse("128x128x64_w8x1_s4_ws_tma") == up_ws);
+  CHECK(TileConfig::parse("128x256x64_w8x1_s4_wsp_tma") == down_wsp);
+  CHECK_THROWS_AS(TileConfig::parse("128x256x64_w8x1_s4_tma"), InvalidArgument);
+  CHECK_THROWS_AS(TileConfig::parse("128x256x64_w8x1_s4_ws_tmax"), InvalidArgument);
+  const LayerConfig q = find_preset("qwen3-30b-a3b").layer;
+  CHECK(legality_problem(KernelSpec{KernelFamily::up_wgrad, q, down_ws, "sm_90a"}) ==
+        "TMA weight loads are for up_proj and down_proj");
+  TileConfig wg_tma = wgmma_tile(128, 128, 4);
+  wg_tma.tma = true;
+  CHECK(legality_problem(KernelSpec{KernelFamily::up_proj, q, wg_tma, "sm_90a"}).find("warp-specialised") !=
+        std::string::npos);
+  for (const Preset& p : presets()) {
+    if (!p.in_suite) continue;
+    SUBCASE(p.name.c_str()) {
+      const std::vector<KernelSpec> specs{{KernelFamily::up_proj, p.layer, up_ws, "sm_90a"},
+                                          {KernelFamily::down_proj, p.layer, down_ws, "sm_90a"},
+                                          {KernelFamily::down_proj, p.layer, down_wsp, "sm_90a"}};
+      for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), legality_problem(s));
+      const auto built = compile_all(specs, 0, true);
+      check_compiled_without_spills(built);
+      for (const auto& b : built) {
+        INFO(b.compiled.kernel_name);
+        CHECK(b.generated.source.text.find("__grid_constant__") != std::string::npos);
+        CHECK(b.compiled.ptx.find("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes") !=
+              std::string::npos);
+        CHECK(b.compiled.ptx.find("mbarrier.expect_tx") != std::string::npos);
+        CHECK(b.compiled.ptx.find("wgmma.mma_async.sync.aligned.m64n") != std::string::npos);
+      }
+    }
+  }
+}

@@ -78,15 +78,17 @@ TEST_CASE("tuner: the first candidates span the tile kinds; persistent tiles onl
   for (KernelFamily f : tunable_families(l)) {
     INFO(to_string(f));
     const auto c = tile_candidates(f, l, "sm_90a", 7);  // what device_all.sh's tune runs
-    bool wg = false, ws = false, wsp = false;
+    bool wg = false, ws = false, wsp = false, tma = false;
     for (const auto& t : c) {
       wg |= t.wgmma == 1;
       ws |= t.wgmma == 2;
       wsp |= t.persistent();
+      tma |= t.tma;
     }
     CHECK(wg);
     CHECK(ws);
     CHECK(wsp == supports_persistent(f));
+    CHECK(tma == (f == KernelFamily::up_proj || f == KernelFamily::down_proj));  // the TMA weight tiles
   }
 }
 

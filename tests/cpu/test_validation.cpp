@@ -7,6 +7,7 @@
 #include "errors.hpp"
 #include "generator/layer_config.hpp"
 #include "moe_layer.hpp"
+#include "tma.hpp"
 
 using namespace moeblaze;
 
@@ -205,4 +206,17 @@ TEST_CASE("validation: backward arguments and forward state") {
     bad.dw2.dtype = DType::f32;
     expect_invalid([&] { validate_backward_args(l, kDgradBn, st, bad); }, "dw2", "same dtype");
   }
+}
+
+TEST_CASE("validation: TMA weight maps view [E, rows, k] as [E*rows, k] with 128-byte boxes") {
+  const WeightMapParams p = weight_map_params(kFakeBase, 8 * 14336, 4096, 128, "w1");
+  CHECK(p.dims[0] == 4096);
+  CHECK(p.dims[1] == 8 * 14336);
+  CHECK(p.strides[0] == 4096 * 2);
+  CHECK(p.box[0] == 64);  // 64 bf16 = the 128-byte swizzle span
+  CHECK(p.box[1] == 128);
+  expect_invalid([] { weight_map_params(kFakeBase + 8, 64, 4096, 128, "w1"); }, "w1");    // 16-byte alignment
+  expect_invalid([] { weight_map_params(kFakeBase, 64, 4100, 128, "w3"); }, "w3");        // row bytes % 16
+  expect_invalid([] { weight_map_params(kFakeBase, 64, 4096, 512, "w2"); }, "tile");      // box rows <= 256
+  expect_invalid([] { weight_map_params(kFakeBase, int64_t{1} << 31, 64, 128, "w2"); }, "w2");
 }

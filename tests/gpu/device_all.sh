@@ -3,7 +3,7 @@
 # wgmma checks, the Python GPU tests and the suite bench on the shapes in $SUITE_SHAPES.
 # Every log goes into $OUT/logs.tar.gz (the device tool returns at most 8 files); a summary
 # line per step goes to stdout and $OUT/summary.txt.
-# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws wsp defaults import tune tuned mem py pysuite profile tilecheck bench (default: gpu ws py bench)
+# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws wsp tma defaults import tune tuned mem py pysuite profile tilecheck bench (default: gpu ws py bench)
 set -u
 OUT=${OUT:-device-out}
 LOG=$OUT/logs
@@ -54,6 +54,22 @@ wgmma|ws|wsp)  # the wgmma tiles of every GEMM family: "_wg" (shared pipeline), 
   for p in ${WG_PRESETS-qwen3-30b-a3b}; do
     step "${s}_grad_$p" 200 $BIN grad-check --preset "$p" $WG
     step "${s}_bench_$p" 200 $BIN bench --preset "$p" --no-cache $WG
+  done ;;
+tma)  # TMA weight tiles (up_proj, down_proj): small checks, then grad-check and bench on
+  # $TMA_PRESETS with the TMA tiles and, for comparison, the same tiles without TMA
+  TT="--tile up_proj=128x128x64_w8x1_s4_ws_tma --tile down_proj=128x256x64_w8x1_s4_ws_tma"
+  TP="--tile up_proj=128x128x64_w8x1_s4_wsp_tma --tile down_proj=128x256x64_w8x1_s4_wsp_tma"
+  TN="--tile up_proj=128x128x64_w8x1_s4_ws --tile down_proj=128x256x64_w8x1_s4_ws"
+  step tma_small_fwd 60 $BIN forward-check -E 8 -K 2 -d 256 -n 128 -T 300 $TT
+  if [ "$LAST_RC" -ne 0 ]; then FAILED_BLOCKS="$FAILED_BLOCKS tma"; continue; fi
+  step tma_small_recompute 120 $BIN grad-check -E 60 -K 4 -d 136 -n 200 -T 777 --mode recompute --activation geglu $TT
+  step tmap_small_grad 120 $BIN grad-check -E 64 -K 8 -d 256 -n 192 -T 1000 --router none --routing skewed --activation silu $TP
+  for p in ${TMA_PRESETS-gpt-oss-20b mixtral-8x7b}; do
+    step "tma_grad_$p" 200 $BIN grad-check --preset "$p" $TT
+    step "tmap_grad_$p" 200 $BIN grad-check --preset "$p" $TP
+    step "tma_bench_$p" 200 $BIN bench --preset "$p" --no-cache $TT
+    step "tmap_bench_$p" 200 $BIN bench --preset "$p" --no-cache $TP
+    step "notma_bench_$p" 200 $BIN bench --preset "$p" --no-cache $TN
   done ;;
 defaults)  # grad-check every suite preset with the default tiles
   for p in ${PRESETS:-mixtral-8x7b gpt-oss-20b olmoe-1b-7b qwen3-30b-a3b deepseek-v3 qwen3-next-80b}; do

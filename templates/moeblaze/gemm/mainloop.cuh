@@ -22,11 +22,15 @@ namespace moeblaze::gemm {
 // walks tiles blockIdx.x, +gridDim.x, ... and its producer fills the next tile's stages while
 // the consumers run the epilogue (gemm::for_each_tile). With wgmma WARPS_M = BM/16 and
 // WARPS_N = 1, which is how wgmma lays out its accumulators. THREADS counts the warps that
-// hold accumulators (the consumers); BLOCK_THREADS is the launch size.
-template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_, int NB_ = 1, int WGMMA_ = 0>
+// hold accumulators (the consumers); BLOCK_THREADS is the launch size. TMA_: the weight
+// operand comes by TMA (gemm/tma.cuh; warp-specialised tiles of up_proj and down_proj).
+template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_, int NB_ = 1, int WGMMA_ = 0,
+          int TMA_ = 0>
 struct Tile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_;
   static constexpr int STAGES = STAGES_, NB = NB_;
+  static constexpr bool TMA = TMA_ != 0;
+  static_assert(!TMA || WGMMA_ >= 2, "TMA loads are issued by a producer warpgroup");
   static constexpr bool WGMMA = WGMMA_ != 0;
   static constexpr bool WARP_SPECIALIZED = WGMMA_ >= 2;
   static constexpr bool PERSISTENT = WGMMA_ == 3;

@@ -30,12 +30,12 @@
 // their row indices one stage ahead (StageLoader), so the index load latency is off the
 // issue path.
 #pragma once
+#include "moeblaze/gemm/tma.cuh"
 #include "moeblaze/gemm/wgmma_mainloop.cuh"
 
 namespace moeblaze::gemm {
 
-// ---- mbarrier vocabulary (PTX ISA "mbarrier") -------------------------------------------
-typedef unsigned long long mbar_t;
+// ---- mbarrier vocabulary (PTX ISA "mbarrier"; mbar_t and expect_tx in tma.cuh) ------------
 
 MB_DEV void mbar_init(mbar_t* bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
@@ -164,7 +164,12 @@ MB_DEV void ws_produce(const ASrc& a_src, const BSrc& b_src, int k_size, bf16_t*
   constexpr int A_ROWS = A_KMAJOR ? Cfg::BM : Cfg::BK, A_COLS = A_KMAJOR ? Cfg::BK : Cfg::BM;
   constexpr int B_ROWS = B_KMAJOR ? Cfg::NB * Cfg::BN : Cfg::BK, B_COLS = B_KMAJOR ? Cfg::BK : Cfg::BN;
   StageLoader<A_ROWS, A_COLS, Cfg::PRODUCER_THREADS, A_KMAJOR, ASrc> a_load(a_src, ptid);
-  StageLoader<B_ROWS, B_COLS, Cfg::PRODUCER_THREADS, B_KMAJOR, BSrc> b_load(b_src, ptid);
+  // B by TMA (a K-major TmaRows source: weights) or by the producer's cp.async copies.
+  constexpr bool B_TMA = IsTma<BSrc>::value;
+  static_assert(!B_TMA || B_KMAJOR, "TMA operands are K-major here");
+  using BLoader = typename PickType<B_TMA, TmaStageLoader<Cfg::BN, Cfg::NB>,
+                                    StageLoader<B_ROWS, B_COLS, Cfg::PRODUCER_THREADS, B_KMAJOR, BSrc>>::type;
+  BLoader b_load(b_src, ptid);
   a_load.fetch(0);
   b_load.fetch(0);
   int issued = base, published = base;
@@ -175,7 +180,10 @@ MB_DEV void ws_produce(const ASrc& a_src, const BSrc& b_src, int k_size, bf16_t*
         bf16_t* stage = smem + s * Cfg::STAGE_ELEMS;
         const int k0 = (issued - base) * Cfg::BK;
         a_load.load(stage, k0);
-        b_load.load(stage + Cfg::A_ELEMS, k0);
+        // The TMA bytes complete on full[s], which also waits for every producer thread's
+        // arrival after landed[s]: the consumers see both operands.
+        if constexpr (B_TMA) b_load.load(stage + Cfg::A_ELEMS, k0, pipe.full(s));
+        else b_load.load(stage + Cfg::A_ELEMS, k0);
         cp_async_arrive_noinc(pipe.landed(s));
         ++issued;
         a_load.fetch(k0 + Cfg::BK);

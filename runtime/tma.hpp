@@ -1,0 +1,27 @@
+// Host side of the TMA weight loads (templates/moeblaze/gemm/tma.cuh): the tensor maps a
+// TMA tile's kernel argument carries. A weight [E, rows, k] (bf16, row-major) is viewed as
+// the 2-D tensor [E*rows, k], boxes of [box_rows][64] (128-byte rows, 128-byte swizzle: the
+// layout of the K-major stage tiles). Encoded per launch on the host (no device work).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "cuda_driver.hpp"
+#include "moeblaze/kernel_args.cuh"
+
+namespace moeblaze {
+
+// The arguments of cuTensorMapEncodeTiled for one weight view; `name` names the weight in
+// errors. Pure (no driver call), so the checks are tested without a GPU.
+struct WeightMapParams {
+  uint64_t dims[2];     // {k, E*rows}: innermost first
+  uint64_t strides[1];  // bytes between rows
+  uint32_t box[2];      // {64, box_rows}
+  uint32_t element_strides[2] = {1, 1};
+};
+WeightMapParams weight_map_params(CUdeviceptr base, int64_t total_rows, int64_t k, int box_rows, const char* name);
+
+// Encodes the map (driver call; throws CudaError naming the weight on failure).
+TmaMap encode_weight_map(CUdeviceptr base, int64_t total_rows, int64_t k, int box_rows, const char* name);
+
+}  // namespace moeblaze
