@@ -51,8 +51,10 @@ struct SavedLayout {
 struct ForwardScratch {
   size_t logits = 0, gates = 0, block_counts, block_offsets, h, o, total;
   int index_blocks;
+  int64_t chunk_slots;  // slots per forward chunk (h holds one chunk)
   ForwardScratch(const LayerConfig& l, int64_t T) {
     const int64_t TK = T * l.shape.topk;
+    chunk_slots = ceil_div(TK, forward_chunks(l));
     const int E = l.shape.experts;
     index_blocks = static_cast<int>(ceil_div(TK, kIndexSlotsPerBlock));
     Layout b;
@@ -62,7 +64,7 @@ struct ForwardScratch {
     }
     block_counts = b.add(static_cast<size_t>(E) * index_blocks * 4);
     block_offsets = b.add(static_cast<size_t>(E) * index_blocks * 4);
-    h = b.add(static_cast<size_t>(TK) * l.shape.ffn * 2);
+    h = b.add(static_cast<size_t>(chunk_slots) * l.shape.ffn * 2);
     o = b.add(static_cast<size_t>(TK) * l.shape.hidden * 2);
     total = b.total;
   }
@@ -73,6 +75,7 @@ struct ForwardScratch {
 // writes the dH element at the same place from the same thread, and nothing reads H after it
 // (the down wgrad takes hg). That saves T*K*G*n*2 bytes of peak (1.8 GiB on mixtral-8x7b).
 struct BackwardScratch {
+  int hg_cols;  // columns of hg: one backward column chunk (backward_chunk_cols)
   size_t H = 0, hg, partials, dxs, logits = 0, ids = 0, gates = 0, d_gates = 0, d_logits = 0, total;
   BackwardScratch(const LayerConfig& l, int64_t T, CheckpointMode mode, int dgrad_bn) {
     const int64_t TK = T * l.shape.topk;
@@ -82,7 +85,8 @@ struct BackwardScratch {
     if (mode == CheckpointMode::recompute) H = b.add(static_cast<size_t>(TK) * G * n * 2);
     // hg and the gate partials die (down wgrad, gate grad) before dxs is written (up dgrad).
     Layout u;
-    hg = u.add(static_cast<size_t>(TK) * n * 2);
+    hg_cols = backward_chunk_cols(l);
+    hg = u.add(static_cast<size_t>(TK) * hg_cols * 2);
     partials = u.add(static_cast<size_t>(TK) * n_tiles * 4);
     const size_t union_bytes = std::max(u.total, align_up(static_cast<size_t>(TK) * d * 2));
     const size_t union_at = b.add(union_bytes);
@@ -152,6 +156,12 @@ void attach_weight_maps(DownProjArgs& down, const TileConfig& t, const LayerConf
   down.tma_w2 = encode_weight_map(reinterpret_cast<CUdeviceptr>(down.w2), rows, l.shape.ffn, t.bn, "w2");
 }
 
+// Grid of a chunked launch (gemm::chunk_slot_tile): each expert meets the chunk in at most
+// ceil(its slots there / bm) + 1 of its bm-aligned tiles.
+int64_t chunk_tile_blocks(int64_t slots, int bm, int bn, int experts, int n_out) {
+  return (ceil_div(slots, int64_t{bm}) + 2 * int64_t{experts}) * ceil_div(int64_t{n_out}, int64_t{bn});
+}
+
 template <class T>
 T* dptr(CUdeviceptr base, size_t offset) {
   return reinterpret_cast<T*>(base + offset);
@@ -194,6 +204,23 @@ int MoeLayer::dgrad_bn() const { return kernels_->get(KernelFamily::down_dgrad).
 
 MemoryPlan MoeLayer::memory_plan(int64_t tokens, CheckpointMode mode) const {
   return plan_memory(config(), tokens, mode, dgrad_bn());
+}
+
+int backward_chunk_cols(const LayerConfig& l) {
+  // hg = g*h is [T*K, n] (the down wgrad's input): with n > d the backward's largest buffer,
+  // so down dgrad + down wgrad run in column chunks of a multiple of 256 (every dgrad/wgrad
+  // tile width divides it), as many as the forward has slot chunks.
+  const int chunks = forward_chunks(l);
+  if (chunks == 1) return l.shape.ffn;
+  return static_cast<int>(ceil_div(ceil_div(l.shape.ffn, chunks), 256) * 256);
+}
+
+int forward_chunks(const LayerConfig& l) {
+  // h = act(A)*B is [T*K, n]; with n > d it is the forward's largest buffer (mixtral-8x7b:
+  // 896 MiB beside o's 256), so the forward runs in up to 4 slot chunks that reuse one h.
+  // chunk_slot_tile loops over the experts per block: only for layers with few of them.
+  if (l.shape.ffn <= l.shape.hidden || l.shape.experts > 64) return 1;
+  return static_cast<int>(std::min<int64_t>(4, ceil_div(int64_t{l.shape.ffn}, int64_t{l.shape.hidden})));
 }
 
 MemoryPlan plan_memory(const LayerConfig& l, int64_t tokens, CheckpointMode mode, int dgrad_bn) {
@@ -319,13 +346,23 @@ ForwardState MoeLayer::forward(const ForwardArgs& a, CUstream stream) const {
                 st.H ? reinterpret_cast<void*>(st.H) : nullptr,
                 dptr<void>(a.scratch, fs.h)};
   attach_weight_maps(up, ut, l);
-  ks.launch(KernelFamily::up_proj, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream, a.observer);
   // 4. Down-projection, then the gate-weighted token-major combine.
   const TileConfig& dt = ks.get(KernelFamily::down_proj).generated.spec.tile;
   DownProjArgs down{rv, dptr<void>(a.scratch, fs.h), reinterpret_cast<const void*>(a.w2.ptr),
                     dptr<void>(a.scratch, fs.o)};
   attach_weight_maps(down, dt, l);
-  ks.launch(KernelFamily::down_proj, slot_tile_blocks(TK, dt.bm, dt.bn, E, d), down, stream, a.observer);
+  if (fs.chunk_slots >= TK) {
+    ks.launch(KernelFamily::up_proj, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream, a.observer);
+    ks.launch(KernelFamily::down_proj, slot_tile_blocks(TK, dt.bm, dt.bn, E, d), down, stream, a.observer);
+  } else {  // wide h: up and down projection chunk by chunk of slots, h reused (forward_chunks)
+    for (int64_t lo = 0; lo < TK; lo += fs.chunk_slots) {
+      const int64_t hi = std::min(TK, lo + fs.chunk_slots);
+      up.slot_lo = down.slot_lo = static_cast<int>(lo);
+      up.slot_hi = down.slot_hi = static_cast<int>(hi);
+      ks.launch(KernelFamily::up_proj, chunk_tile_blocks(hi - lo, ut.bm, ut.bn, E, n), up, stream, a.observer);
+      ks.launch(KernelFamily::down_proj, chunk_tile_blocks(hi - lo, dt.bm, dt.bn, E, d), down, stream, a.observer);
+    }
+  }
   CombineArgs comb{dptr<int>(a.saved, sl.tim), gates, dptr<void>(a.scratch, fs.o), T, dptr<void>(a.y)};
   ks.launch(KernelFamily::combine, T, comb, stream, a.observer);
   st.complete = true;
@@ -424,7 +461,8 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
     ks.launch(KernelFamily::up_proj, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream, a.observer);
     H = dptr<void>(a.scratch, bs.H);
   }
-  // 2. Down dgrad with the activation backward and the gate-gradient partials.
+  // 2. Down dgrad with the activation backward and the gate-gradient partials (launched
+  // below, column chunk by column chunk with the down wgrad).
   DownDgradArgs dd{rv,
                    cptr(a.dy),
                    cptr(a.w2),
@@ -432,13 +470,28 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
                    H,  // dH over H
                    dptr<void>(a.scratch, bs.hg),
                    dptr<float>(a.scratch, bs.partials)};
-  ks.launch(KernelFamily::down_dgrad, slot_tile_blocks(TK, dg.bm, dg.bn, E, n), dd, stream, a.observer);
-  GateGradArgs gg{rv.token_index_map, dptr<float>(a.scratch, bs.partials), TK, d_gates};
-  ks.launch(KernelFamily::gate_grad, ceil_div(TK, 256), gg, stream, a.observer);
-  // 3. Weight gradients.
+  // 3. Weight gradients. dW2 right after each column chunk of the down dgrad, whose hg
+  // columns it reads (hg is held one chunk at a time: backward_chunk_cols).
   const TileConfig& wt2 = ks.get(KernelFamily::down_wgrad).generated.spec.tile;
   WgradArgs w2{rv, cptr(a.dy), dptr<void>(a.scratch, bs.hg), dptr<void>(a.dw2), nullptr, accumulate};
-  ks.launch(KernelFamily::down_wgrad, E * ceil_div(d, wt2.bm) * ceil_div(n, wt2.bn), w2, stream, a.observer);
+  if (bs.hg_cols >= n) {
+    ks.launch(KernelFamily::down_dgrad, slot_tile_blocks(TK, dg.bm, dg.bn, E, n), dd, stream, a.observer);
+    ks.launch(KernelFamily::down_wgrad, E * ceil_div(d, wt2.bm) * ceil_div(n, wt2.bn), w2, stream, a.observer);
+  } else {
+    for (int c0 = 0; c0 < n; c0 += bs.hg_cols) {
+      const int cols = std::min(bs.hg_cols, n - c0);
+      dd.n_tile_lo = c0 / dg.bn;
+      dd.n_tiles = static_cast<int>(ceil_div(cols, dg.bn));
+      dd.hg_ld = bs.hg_cols;
+      ks.launch(KernelFamily::down_dgrad, slot_tile_blocks(TK, dg.bm, dg.bn, E, cols), dd, stream, a.observer);
+      w2.n_col0 = c0;
+      w2.n_cols = cols;
+      w2.b_ld = bs.hg_cols;
+      ks.launch(KernelFamily::down_wgrad, E * ceil_div(d, wt2.bm) * ceil_div(cols, wt2.bn), w2, stream, a.observer);
+    }
+  }
+  GateGradArgs gg{rv.token_index_map, dptr<float>(a.scratch, bs.partials), TK, d_gates};
+  ks.launch(KernelFamily::gate_grad, ceil_div(TK, 256), gg, stream, a.observer);
   const TileConfig& wt1 = ks.get(KernelFamily::up_wgrad).generated.spec.tile;
   WgradArgs w1{rv, H, cptr(a.x), dptr<void>(a.dw1), dptr<void>(a.dw3), accumulate};
   ks.launch(KernelFamily::up_wgrad, E * ceil_div(G * n, wt1.bm) * ceil_div(d, wt1.bn), w1, stream, a.observer);

@@ -90,6 +90,12 @@ struct BackwardArgs {
   LaunchObserver* observer = nullptr;  // optional: sees every launch (timing)
 };
 
+// Slot chunks of the forward's up and down projections (1 = one pass): layers whose h is
+// wider than the model (n > d) run up to 4 chunks so that h is held one chunk at a time.
+int forward_chunks(const LayerConfig& layer);
+// Columns of hg per backward chunk of down dgrad + down wgrad (n: one pass).
+int backward_chunk_cols(const LayerConfig& layer);
+
 // The memory a call needs; dgrad_bn is the N tile of the down-dgrad kernel (its gate
 // partials are one float per slot and N tile).
 MemoryPlan plan_memory(const LayerConfig& layer, int64_t tokens, CheckpointMode mode, int dgrad_bn);

@@ -20,7 +20,10 @@ MB_DEV void up_proj(const UpProjArgs& p) {
   constexpr int G = gate_parts<ACT>();
   static_assert(Cfg::NB == G, "gated activations stack W1 and W3 tiles");
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
-    const gemm::SlotTile t = gemm::slot_tile<Cfg::BM, Cfg::BN, E, N>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
+    const gemm::SlotTile t =
+        p.slot_hi > 0
+            ? gemm::chunk_slot_tile<Cfg::BM, Cfg::BN, E, N>(tile, p.rv.expert_token_offsets, p.slot_lo, p.slot_hi)
+            : gemm::slot_tile<Cfg::BM, Cfg::BN, E, N>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
     if (!t.valid) return false;
     const bf16_t* x = static_cast<const bf16_t*>(p.x);
     const i64 w_off = (static_cast<i64>(t.expert) * N + t.n0) * D;
@@ -55,8 +58,9 @@ MB_DEV void up_proj(const UpProjArgs& p) {
         if constexpr (G == 2) store_bf16x2(H + slot * (G * N) + N + col, b0, b1);
       }
       if (h) {
-        if constexpr (G == 2) store_bf16x2(h + slot * N + col, act_fwd<ACT>(a0) * b0, act_fwd<ACT>(a1) * b1);
-        else store_bf16x2(h + slot * N + col, act_fwd<ACT>(a0), act_fwd<ACT>(a1));
+        const i64 h_row = slot - p.slot_lo;
+        if constexpr (G == 2) store_bf16x2(h + h_row * N + col, act_fwd<ACT>(a0) * b0, act_fwd<ACT>(a1) * b1);
+        else store_bf16x2(h + h_row * N + col, act_fwd<ACT>(a0), act_fwd<ACT>(a1));
       }
     };
     if constexpr (G == 2) {
@@ -73,11 +77,14 @@ MB_DEV void up_proj(const UpProjArgs& p) {
 template <class Cfg, int E, int D, int N>
 MB_DEV void down_proj(const DownProjArgs& p) {
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
-    const gemm::SlotTile t = gemm::slot_tile<Cfg::BM, Cfg::BN, E, D>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
+    const gemm::SlotTile t =
+        p.slot_hi > 0
+            ? gemm::chunk_slot_tile<Cfg::BM, Cfg::BN, E, D>(tile, p.rv.expert_token_offsets, p.slot_lo, p.slot_hi)
+            : gemm::slot_tile<Cfg::BM, Cfg::BN, E, D>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
     if (!t.valid) return false;
     const bf16_t* h = static_cast<const bf16_t*>(p.h);
     const bf16_t* w2 = static_cast<const bf16_t*>(p.w2);
-    const gemm::Rows a{h + static_cast<i64>(t.slot0) * N, nullptr, t.rows, N, N};
+    const gemm::Rows a{h + static_cast<i64>(t.slot0 - p.slot_lo) * N, nullptr, t.rows, N, N};
     float acc[1][Cfg::MT][Cfg::NT][4];
     if constexpr (Cfg::TMA) {  // W2 rows [e*D + n0, +BN) of the [E*D, N] map
       const gemm::TmaRows<1> b{{&p.tma_w2}, t.expert * D + t.n0};
@@ -122,8 +129,12 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
   constexpr int N_TILES = (N + Cfg::BN - 1) / Cfg::BN;
   __shared__ float gate_s[Cfg::BM];
   __shared__ float red_s[Cfg::BM][Cfg::WARPS_N];
+  const int hg_ld = p.n_tiles > 0 ? p.hg_ld : N, hg_col0 = p.n_tiles > 0 ? p.n_tile_lo * Cfg::BN : 0;
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
-    const gemm::SlotTile t = gemm::slot_tile<Cfg::BM, Cfg::BN, E, N>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
+    const gemm::SlotTile t =
+        p.n_tiles > 0 ? gemm::slot_tile_cols<Cfg::BM, Cfg::BN, E>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets,
+                                                                  p.n_tiles, p.n_tile_lo)
+                      : gemm::slot_tile<Cfg::BM, Cfg::BN, E, N>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
     if (!t.valid) return false;
     const bf16_t* dy = static_cast<const bf16_t*>(p.dy);
     const bf16_t* w2 = static_cast<const bf16_t*>(p.w2);
@@ -173,7 +184,7 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
             da1 = g * d1 * act_grad<ACT>(av.y);
           }
           store_bf16x2(dH + slot * (G * N) + col, da0, da1);
-          store_bf16x2(hg + slot * N + col, g * h0, g * h1);
+          store_bf16x2(hg + slot * hg_ld + (col - hg_col0), g * h0, g * h1);
           dot += d0 * h0 + d1 * h1;
         }
         // The four lanes of a quad hold the same row: fixed-order butterfly, then per warp.
@@ -207,14 +218,15 @@ struct WgradTile {
   bool valid;
 };
 template <int BM, int BN, int E, int M, int N_OUT>
-MB_DEV WgradTile wgrad_tile(int tile, const RoutingView& rv) {
-  constexpr int TM = (M + BM - 1) / BM, TN = (N_OUT + BN - 1) / BN;
+MB_DEV WgradTile wgrad_tile(int tile, const RoutingView& rv, int n_out = N_OUT) {
+  constexpr int TM = (M + BM - 1) / BM;
+  const int TN = (n_out + BN - 1) / BN;
   WgradTile w{};
   w.valid = tile < E * TM * TN;
   if (!w.valid) return w;
   w.expert = tile / (TM * TN);
   const int rem = tile % (TM * TN);
-  constexpr bool M_FASTEST = TM <= TN;
+  const bool M_FASTEST = TM <= TN;
   w.m0 = (M_FASTEST ? rem % TM : rem / TN) * BM;
   w.n0 = (M_FASTEST ? rem / TM : rem % TN) * BN;
   w.slot0 = rv.expert_token_offsets[w.expert];
@@ -239,21 +251,24 @@ MB_DEV void store_wgrad(const float (&acc)[1][Cfg::MT][Cfg::NT][4], int m_valid,
 }
 
 // dW2_e = sum over slots of gather(dy)^T (g h): M = D, N = N, both operands gathered along k.
+// A column chunk (n_cols > 0) computes dW2 columns [n_col0, +n_cols) from that chunk of hg.
 template <class Cfg, int E, int D, int N>
 MB_DEV void down_wgrad(const WgradArgs& p) {
+  const int n_cols = p.n_cols > 0 ? p.n_cols : N, col0 = p.n_cols > 0 ? p.n_col0 : 0;
+  const int b_ld = p.n_cols > 0 ? p.b_ld : N;
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
-    const WgradTile w = wgrad_tile<Cfg::BM, Cfg::BN, E, D, N>(tile, p.rv);
+    const WgradTile w = wgrad_tile<Cfg::BM, Cfg::BN, E, D, N>(tile, p.rv, n_cols);
     if (!w.valid) return false;
     const bf16_t* dy = static_cast<const bf16_t*>(p.a);
     const bf16_t* hg = static_cast<const bf16_t*>(p.b);
     const gemm::Rows a{dy + w.m0, p.rv.expert_token_indices + w.slot0, w.count, D, D - w.m0};
-    const gemm::Rows b{hg + static_cast<i64>(w.slot0) * N + w.n0, nullptr, w.count, N, N - w.n0};
+    const gemm::Rows b{hg + static_cast<i64>(w.slot0) * b_ld + w.n0, nullptr, w.count, b_ld, n_cols - w.n0};
     float acc[1][Cfg::MT][Cfg::NT][4];
     gemm::run_mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem(), pipe, role);
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
     const int elem = p.accumulate_fp32 ? 4 : 2;
     char* out = static_cast<char*>(p.out0);
-    store_wgrad<Cfg>(acc, D - w.m0, N - w.n0, w.n0, p.accumulate_fp32, [&](int r) -> void* {
+    store_wgrad<Cfg>(acc, D - w.m0, n_cols - w.n0, col0 + w.n0, p.accumulate_fp32, [&](int r) -> void* {
       return out + ((static_cast<i64>(w.expert) * D + w.m0 + r) * N) * elem;
   });
   return true;

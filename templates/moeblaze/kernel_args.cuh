@@ -78,6 +78,8 @@ struct UpProjArgs {      // forward and backward-recompute up-projection
   void* H;               // [T*K, G*n] saved pre-activations [A|B], or nullptr
   void* h;               // [T*K, n] activations for the down-projection, or nullptr
   TmaMap tma_w1, tma_w3;  // TMA tiles only: W1, W3 as [E*n, d], box [BN rows][64 k]
+  int slot_lo, slot_hi;   // slot_hi > 0: only the slots [slot_lo, slot_hi) (a forward chunk);
+                          // h holds their rows from row 0 (h row = slot - slot_lo)
 };
 
 struct DownProjArgs {
@@ -86,6 +88,7 @@ struct DownProjArgs {
   const void* w2;        // [E,d,n]
   void* o;               // [T*K, d] expert outputs (gate applied in the combine)
   TmaMap tma_w2;         // TMA tiles only: W2 as [E*d, n], box [BN rows][64 k]
+  int slot_lo, slot_hi;  // slot_hi > 0: only the slots [slot_lo, slot_hi); h row = slot - slot_lo
 };
 
 struct CombineArgs {     // y_t = sum_j g_tj * rows[token_index_map[t,j]]; also dx gather-sum
@@ -105,6 +108,9 @@ struct DownDgradArgs {
                          // each thread reads its H elements before it writes them)
   void* hg;              // [T*K, n] out: gate * h (input of the down wgrad)
   float* gate_partials;  // [T*K, n_tiles] out: per-tile parts of <dy W2, h>
+  int n_tile_lo, n_tiles;  // n_tiles > 0: only N tiles [n_tile_lo, +n_tiles) (a backward column
+                           // chunk); hg then holds their columns, rows hg_ld apart
+  int hg_ld;
 };
 
 struct GateGradArgs {
@@ -121,6 +127,8 @@ struct WgradArgs {       // dW = sum over an expert's slots of A^T B (both gathe
   void* out0;            // down: dW2 [E,d,n]; up: dW1 [E,n,d]
   void* out1;            // up gated: dW3 [E,n,d]
   int accumulate_fp32;   // 1: out are fp32 buffers and results are added; 0: bf16 stores
+  int n_col0, n_cols;    // down wgrad, n_cols > 0: only dW2 columns [n_col0, +n_cols), whose hg
+  int b_ld;              // (a column chunk of down_dgrad's) has rows b_ld apart
 };
 
 struct UpDgradArgs {

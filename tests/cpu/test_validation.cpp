@@ -2,6 +2,7 @@
 // match get InvalidArgument naming the argument, before anything touches a device.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "errors.hpp"
@@ -219,4 +220,25 @@ TEST_CASE("validation: TMA weight maps view [E, rows, k] as [E*rows, k] with 128
   expect_invalid([] { weight_map_params(kFakeBase, 64, 4100, 128, "w3"); }, "w3");        // row bytes % 16
   expect_invalid([] { weight_map_params(kFakeBase, 64, 4096, 512, "w2"); }, "tile");      // box rows <= 256
   expect_invalid([] { weight_map_params(kFakeBase, int64_t{1} << 31, 64, 128, "w2"); }, "w2");
+}
+
+TEST_CASE("validation: wide-h layers run the forward in slot chunks and the down backward in column chunks") {
+  const LayerConfig mixtral = layer(8, 2, 4096, 14336), qwen = layer(128, 8, 2048, 768), wide_many = layer(128, 8, 1024, 4096);
+  CHECK(forward_chunks(mixtral) == 4);   // n/d = 3.5
+  CHECK(backward_chunk_cols(mixtral) == 3584);
+  CHECK(forward_chunks(qwen) == 1);      // n < d: h is not the largest buffer
+  CHECK(backward_chunk_cols(qwen) == 768);
+  CHECK(forward_chunks(wide_many) == 1);  // chunk_slot_tile loops over experts: few experts only
+  CHECK(forward_chunks(layer(8, 2, 4096, 6000)) == 2);
+  CHECK(backward_chunk_cols(layer(8, 2, 4096, 6000)) == 3072);  // multiple of 256, 2 chunks cover n
+  const int64_t T = 16384, TK = T * 2;
+  const MemoryPlan p = plan_memory(mixtral, T, CheckpointMode::save_h, kDgradBn);
+  // Forward: one chunk of h (TK/4 rows) and o; backward: the larger of one hg chunk (+ gate
+  // partials) and the per-slot dx.
+  CHECK(p.forward_scratch_bytes >= size_t(TK / 4) * 14336 * 2 + size_t(TK) * 4096 * 2);
+  CHECK(p.forward_scratch_bytes < size_t(TK / 4) * 14336 * 2 + size_t(TK) * 4096 * 2 + (1 << 20));
+  const size_t partials = size_t(TK) * (14336 / kDgradBn) * 4;
+  const size_t unioned = std::max(size_t(TK) * 3584 * 2 + partials, size_t(TK) * 4096 * 2);  // here: dx per slot
+  CHECK(p.backward_scratch_bytes >= unioned);
+  CHECK(p.backward_scratch_bytes < unioned + (1 << 20));
 }
