@@ -45,7 +45,8 @@ check "generate plain activation" 0 "0 with spills" "$BIN" generate $SMALL --act
 check "generate wgmma tiles" 0 "up_proj .* wgmma .*_wg" "$BIN" generate --preset qwen3-30b-a3b --tile up_proj=128x128x64_w8x1_s3_wg --tile down_proj=128x256x64_w8x1_s3_wg
 check "generate ws tiles" 0 "up_wgrad .* wgmma .*_ws" "$BIN" generate --preset qwen3-30b-a3b --tile up_wgrad=128x128x64_w8x1_s4_ws
 check "generate --ptx-dir" 0 "16 kernels compiled" "$BIN" generate --preset qwen3-30b-a3b --ptx-dir "$TMP/ptx"
-check "ptx written" 0 "wgmma.mma_async" grep -h -m1 -o "wgmma.mma_async" "$TMP/ptx/mb_up_proj_E128_K8_d2048_n768_swiglu_128x128x64_w8x1_s4_ws.ptx"
+check "ptx written" 0 "wgmma.mma_async" grep -h -m1 -o "wgmma.mma_async" "$TMP/ptx/mb_up_proj_E128_K8_d2048_n768_swiglu_128x128x64_w8x1_s4_wsp_tma.ptx"
+check "default up_proj loads W1/W3 by TMA" 0 "cp.async.bulk.tensor" grep -h -m1 -o "cp.async.bulk.tensor" "$TMP/ptx/mb_up_proj_E128_K8_d2048_n768_swiglu_128x128x64_w8x1_s4_wsp_tma.ptx"
 touch "$TMP/not_a_dir"
 check "generate --ptx-dir under a file" 2 "--ptx-dir: .*not a folder" "$BIN" generate $SMALL --ptx-dir "$TMP/not_a_dir/x"
 check "generate bad tile" 2 "tile: .*bm/16 x 1 warps" "$BIN" generate $SMALL --tile down_wgrad=128x128x64_w2x4_s3_wg

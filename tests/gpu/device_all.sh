@@ -71,7 +71,10 @@ tma)  # TMA weight tiles (up_proj, down_proj): small checks, then grad-check and
     step "tmap_bench_$p" 200 $BIN bench --preset "$p" --no-cache $TP
     step "notma_bench_$p" 200 $BIN bench --preset "$p" --no-cache $TN
   done ;;
-defaults)  # grad-check every suite preset with the default tiles
+defaults)  # grad-check every suite preset with the default tiles (n > d shapes first at a small
+  # size: the forward's slot chunks and the down backward's column chunks)
+  step chunked_small_grad 120 $BIN grad-check -E 8 -K 2 -d 128 -n 1000 -T 1000 --routing skewed --router none
+  step chunked_small_recompute 120 $BIN grad-check -E 6 -K 2 -d 192 -n 520 -T 777 --mode recompute --activation gelu
   for p in ${PRESETS:-mixtral-8x7b gpt-oss-20b olmoe-1b-7b qwen3-30b-a3b deepseek-v3 qwen3-next-80b}; do
     step "default_grad_$p" 200 $BIN grad-check --preset "$p"
   done ;;
