@@ -199,8 +199,9 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
   }
   if (t.tma) {
     if (!t.warp_specialized()) return "TMA tiles are warp-specialised (_ws or _wsp): the producer issues the copies";
-    if (spec.family != KernelFamily::up_proj && spec.family != KernelFamily::down_proj)
-      return "TMA weight loads are for up_proj and down_proj";
+    if (spec.family != KernelFamily::up_proj && spec.family != KernelFamily::down_proj &&
+        spec.family != KernelFamily::up_wgrad && spec.family != KernelFamily::down_wgrad)
+      return "TMA loads are for up_proj, down_proj (weights) and the weight gradients (dH, hg)";
   }
   if (t.bm % 64 || t.bn % 64 || t.bm > 256 || t.bn > 256) return "bm and bn must be 64, 128, 192 or 256";
   if (t.bm % (16 * t.warps_m) || t.bn % (8 * t.warps_n)) return "warp tiles must be multiples of 16x8";

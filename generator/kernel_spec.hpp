@@ -50,8 +50,9 @@ struct TileConfig {
   // the next tile while its consumers run the epilogue. With wgmma warps_m = bm/16,
   // warps_n = 1 (the accumulator layout of wgmma).
   int wgmma = 0;
-  // The weight operand by TMA (cp.async.bulk.tensor, templates/moeblaze/gemm/tma.cuh) instead
-  // of the producer's cp.async copies ("_tma"): warp-specialised up_proj and down_proj tiles.
+  // The operand that is not gathered by TMA (cp.async.bulk.tensor, templates/moeblaze/gemm/
+  // tma.cuh) instead of the producer's cp.async copies ("_tma"), on warp-specialised tiles:
+  // the weights of up_proj and down_proj, dH of up_wgrad, hg of down_wgrad.
   bool tma = false;
   bool warp_specialized() const { return wgmma >= 2; }
   bool persistent() const { return wgmma == 3; }

@@ -162,6 +162,14 @@ int64_t chunk_tile_blocks(int64_t slots, int bm, int bn, int experts, int n_out)
   return (ceil_div(slots, int64_t{bm}) + 2 * int64_t{experts}) * ceil_div(int64_t{n_out}, int64_t{bn});
 }
 
+// up_wgrad reads dH (A: [T*K, G*n]), down_wgrad hg (B: [T*K, cols], rows ld apart) by TMA.
+void attach_dh_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols) {
+  if (t.tma) w.tma_a = encode_weight_map(reinterpret_cast<CUdeviceptr>(w.a), slots, cols, 64, "dH");
+}
+void attach_hg_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols, int64_t ld) {
+  if (t.tma) w.tma_b = encode_weight_map(reinterpret_cast<CUdeviceptr>(w.b), slots, cols, 64, "hg", ld);
+}
+
 template <class T>
 T* dptr(CUdeviceptr base, size_t offset) {
   return reinterpret_cast<T*>(base + offset);
@@ -476,6 +484,7 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
   WgradArgs w2{rv, cptr(a.dy), dptr<void>(a.scratch, bs.hg), dptr<void>(a.dw2), nullptr, accumulate};
   if (bs.hg_cols >= n) {
     ks.launch(KernelFamily::down_dgrad, slot_tile_blocks(TK, dg.bm, dg.bn, E, n), dd, stream, a.observer);
+    attach_hg_map(w2, wt2, TK, n, n);
     ks.launch(KernelFamily::down_wgrad, E * ceil_div(d, wt2.bm) * ceil_div(n, wt2.bn), w2, stream, a.observer);
   } else {
     for (int c0 = 0; c0 < n; c0 += bs.hg_cols) {
@@ -487,6 +496,7 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
       w2.n_col0 = c0;
       w2.n_cols = cols;
       w2.b_ld = bs.hg_cols;
+      attach_hg_map(w2, wt2, TK, cols, bs.hg_cols);
       ks.launch(KernelFamily::down_wgrad, E * ceil_div(d, wt2.bm) * ceil_div(cols, wt2.bn), w2, stream, a.observer);
     }
   }
@@ -494,6 +504,7 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
   ks.launch(KernelFamily::gate_grad, ceil_div(TK, 256), gg, stream, a.observer);
   const TileConfig& wt1 = ks.get(KernelFamily::up_wgrad).generated.spec.tile;
   WgradArgs w1{rv, H, cptr(a.x), dptr<void>(a.dw1), dptr<void>(a.dw3), accumulate};
+  attach_dh_map(w1, wt1, TK, int64_t{G} * n);
   ks.launch(KernelFamily::up_wgrad, E * ceil_div(G * n, wt1.bm) * ceil_div(d, wt1.bn), w1, stream, a.observer);
   // 4. Token gradient: per-slot dx, then the fixed-order sum over each token's K slots.
   const TileConfig& ud = ks.get(KernelFamily::up_dgrad).generated.spec.tile;

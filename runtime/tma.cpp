@@ -6,27 +6,31 @@
 
 namespace moeblaze {
 
-WeightMapParams weight_map_params(CUdeviceptr base, int64_t total_rows, int64_t k, int box_rows, const char* name) {
+WeightMapParams weight_map_params(CUdeviceptr base, int64_t total_rows, int64_t k, int box_rows, const char* name,
+                                  int64_t ld) {
+  if (ld == 0) ld = k;
   // The limits of cuTensorMapEncodeTiled (CUDA driver API, "Tensor Map Object Management").
   if (base % 16 != 0) throw InvalidArgument(name, fmt::format("pointer {:#x} is not 16-byte aligned (TMA)", base));
   if (k <= 0 || total_rows <= 0) throw InvalidArgument(name, "is empty");
-  if ((k * 2) % 16 != 0)
-    throw InvalidArgument(name, fmt::format("rows of {} bf16 are not a multiple of 16 bytes (TMA)", k));
+  if ((ld * 2) % 16 != 0)
+    throw InvalidArgument(name, fmt::format("rows {} bf16 apart are not a multiple of 16 bytes apart (TMA)", ld));
+  if (ld < k) throw InvalidArgument(name, fmt::format("row stride {} is below the row width {}", ld, k));
   if (box_rows < 1 || box_rows > 256) throw InvalidArgument("tile", fmt::format("TMA box of {} rows", box_rows));
   if (total_rows >= (int64_t{1} << 31)) throw InvalidArgument(name, "has 2^31 rows or more (TMA coordinates)");
   WeightMapParams p;
   p.dims[0] = static_cast<uint64_t>(k);
   p.dims[1] = static_cast<uint64_t>(total_rows);
-  p.strides[0] = static_cast<uint64_t>(k) * 2;
+  p.strides[0] = static_cast<uint64_t>(ld) * 2;
   p.box[0] = 64;  // 128 bytes: the swizzle span
   p.box[1] = static_cast<uint32_t>(box_rows);
   return p;
 }
 
-TmaMap encode_weight_map(CUdeviceptr base, int64_t total_rows, int64_t k, int box_rows, const char* name) {
+TmaMap encode_weight_map(CUdeviceptr base, int64_t total_rows, int64_t k, int box_rows, const char* name,
+                         int64_t ld) {
   static_assert(sizeof(TmaMap) == sizeof(CUtensorMap) && alignof(TmaMap) >= alignof(CUtensorMap),
                 "TmaMap must hold a CUtensorMap");
-  const WeightMapParams p = weight_map_params(base, total_rows, k, box_rows, name);
+  const WeightMapParams p = weight_map_params(base, total_rows, k, box_rows, name, ld);
   CUtensorMap map;
   const CUresult r = cuda_driver().cuTensorMapEncodeTiled(
       &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, reinterpret_cast<void*>(base), p.dims, p.strides, p.box,

@@ -1,4 +1,4 @@
-// Host side of the TMA weight loads (templates/moeblaze/gemm/tma.cuh): the tensor maps a
+// Host side of the TMA loads (templates/moeblaze/gemm/tma.cuh): the tensor maps a
 // TMA tile's kernel argument carries. A weight [E, rows, k] (bf16, row-major) is viewed as
 // the 2-D tensor [E*rows, k], boxes of [box_rows][64] (128-byte rows, 128-byte swizzle: the
 // layout of the K-major stage tiles). Encoded per launch on the host (no device work).
@@ -19,9 +19,14 @@ struct WeightMapParams {
   uint32_t box[2];      // {64, box_rows}
   uint32_t element_strides[2] = {1, 1};
 };
-WeightMapParams weight_map_params(CUdeviceptr base, int64_t total_rows, int64_t k, int box_rows, const char* name);
+// ld: elements between rows (0: k, rows packed).
+WeightMapParams weight_map_params(CUdeviceptr base, int64_t total_rows, int64_t k, int box_rows, const char* name,
+                                  int64_t ld = 0);
 
-// Encodes the map (driver call; throws CudaError naming the weight on failure).
-TmaMap encode_weight_map(CUdeviceptr base, int64_t total_rows, int64_t k, int box_rows, const char* name);
+// Encodes the map (driver call; throws CudaError naming the tensor on failure). The same
+// 2-D view serves activations: dH [T*K, G*n] and hg [T*K, cols] (rows ld apart), boxes of
+// [64 rows][64 columns] for the MN-major stage blocks of the weight gradients.
+TmaMap encode_weight_map(CUdeviceptr base, int64_t total_rows, int64_t k, int box_rows, const char* name,
+                         int64_t ld = 0);
 
 }  // namespace moeblaze

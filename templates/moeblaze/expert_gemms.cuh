@@ -264,7 +264,12 @@ MB_DEV void down_wgrad(const WgradArgs& p) {
     const gemm::Rows a{dy + w.m0, p.rv.expert_token_indices + w.slot0, w.count, D, D - w.m0};
     const gemm::Rows b{hg + static_cast<i64>(w.slot0) * b_ld + w.n0, nullptr, w.count, b_ld, n_cols - w.n0};
     float acc[1][Cfg::MT][Cfg::NT][4];
-    gemm::run_mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem(), pipe, role);
+    if constexpr (Cfg::TMA) {  // hg's slot rows by TMA (the expert's last partial stage: cp.async)
+      const gemm::TmaMnRows<gemm::Rows> bt{&p.tma_b, w.n0, w.slot0, w.count, b};
+      gemm::run_mainloop<Cfg, false, false>(acc, a, bt, w.count, gemm::dynamic_smem(), pipe, role);
+    } else {
+      gemm::run_mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem(), pipe, role);
+    }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
     const int elem = p.accumulate_fp32 ? 4 : 2;
     char* out = static_cast<char*>(p.out0);
@@ -287,7 +292,12 @@ MB_DEV void up_wgrad(const WgradArgs& p) {
     const gemm::Rows a{dH + static_cast<i64>(w.slot0) * (G * N) + w.m0, nullptr, w.count, G * N, G * N - w.m0};
     const gemm::Rows b{x + w.n0, p.rv.expert_token_indices + w.slot0, w.count, D, D - w.n0};
     float acc[1][Cfg::MT][Cfg::NT][4];
-    gemm::run_mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem(), pipe, role);
+    if constexpr (Cfg::TMA) {  // dH's slot rows by TMA (the expert's last partial stage: cp.async)
+      const gemm::TmaMnRows<gemm::Rows> at{&p.tma_a, w.m0, w.slot0, w.count, a};
+      gemm::run_mainloop<Cfg, false, false>(acc, at, b, w.count, gemm::dynamic_smem(), pipe, role);
+    } else {
+      gemm::run_mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem(), pipe, role);
+    }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
     const int elem = p.accumulate_fp32 ? 4 : 2;
     char* out0 = static_cast<char*>(p.out0);

@@ -129,6 +129,8 @@ struct WgradArgs {       // dW = sum over an expert's slots of A^T B (both gathe
   int accumulate_fp32;   // 1: out are fp32 buffers and results are added; 0: bf16 stores
   int n_col0, n_cols;    // down wgrad, n_cols > 0: only dW2 columns [n_col0, +n_cols), whose hg
   int b_ld;              // (a column chunk of down_dgrad's) has rows b_ld apart
+  TmaMap tma_a, tma_b;   // TMA tiles only: up wgrad's dH as [T*K, G*n]; down wgrad's hg as
+                         // [T*K, n_cols] (rows b_ld apart); boxes [64 slots][64 columns]
 };
 
 struct UpDgradArgs {

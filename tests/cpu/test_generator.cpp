@@ -273,7 +273,7 @@ TEST_CASE("generator: persistent warp-specialised tiles compile for every expert
   CHECK(legality_problem(KernelSpec{KernelFamily::down_dgrad, l, p, "sm_90a"}).empty());
 }
 
-TEST_CASE("generator: TMA weight tiles (up_proj, down_proj) compile for every suite shape and issue bulk tensor copies") {
+TEST_CASE("generator: TMA tiles (up_proj, down_proj, up_wgrad, down_wgrad) compile for every suite shape and issue bulk tensor copies") {
   const TileConfig up_ws = [] { TileConfig t = wgmma_tile(128, 128, 4, true); t.tma = true; return t; }();
   const TileConfig down_ws = [] { TileConfig t = wgmma_tile(128, 256, 4, true); t.tma = true; return t; }();
   const TileConfig down_wsp = [] { TileConfig t = wgmma_tile(128, 256, 4, true, true); t.tma = true; return t; }();
@@ -283,8 +283,9 @@ TEST_CASE("generator: TMA weight tiles (up_proj, down_proj) compile for every su
   CHECK_THROWS_AS(TileConfig::parse("128x256x64_w8x1_s4_tma"), InvalidArgument);
   CHECK_THROWS_AS(TileConfig::parse("128x256x64_w8x1_s4_ws_tmax"), InvalidArgument);
   const LayerConfig q = find_preset("qwen3-30b-a3b").layer;
-  CHECK(legality_problem(KernelSpec{KernelFamily::up_wgrad, q, down_ws, "sm_90a"}) ==
-        "TMA weight loads are for up_proj and down_proj");
+  CHECK(legality_problem(KernelSpec{KernelFamily::up_dgrad, q, down_ws, "sm_90a"}) ==
+        "TMA loads are for up_proj, down_proj (weights) and the weight gradients (dH, hg)");
+  CHECK(legality_problem(KernelSpec{KernelFamily::up_wgrad, q, down_ws, "sm_90a"}).empty());
   TileConfig wg_tma = wgmma_tile(128, 128, 4);
   wg_tma.tma = true;
   CHECK(legality_problem(KernelSpec{KernelFamily::up_proj, q, wg_tma, "sm_90a"}).find("warp-specialised") !=
@@ -294,7 +295,9 @@ TEST_CASE("generator: TMA weight tiles (up_proj, down_proj) compile for every su
     SUBCASE(p.name.c_str()) {
       const std::vector<KernelSpec> specs{{KernelFamily::up_proj, p.layer, up_ws, "sm_90a"},
                                           {KernelFamily::down_proj, p.layer, down_ws, "sm_90a"},
-                                          {KernelFamily::down_proj, p.layer, down_wsp, "sm_90a"}};
+                                          {KernelFamily::down_proj, p.layer, down_wsp, "sm_90a"},
+                                          {KernelFamily::up_wgrad, p.layer, down_ws, "sm_90a"},
+                                          {KernelFamily::down_wgrad, p.layer, down_wsp, "sm_90a"}};
       for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), legality_problem(s));
       const auto built = compile_all(specs, 0, true);
       check_compiled_without_spills(built);

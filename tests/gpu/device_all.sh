@@ -3,7 +3,7 @@
 # wgmma checks, the Python GPU tests and the suite bench on the shapes in $SUITE_SHAPES.
 # Every log goes into $OUT/logs.tar.gz (the device tool returns at most 8 files); a summary
 # line per step goes to stdout and $OUT/summary.txt.
-# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws wsp tma defaults import tune tuned mem py pysuite profile tilecheck bench (default: gpu ws py bench)
+# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws wsp tma tmaw defaults import tune tuned mem py pysuite profile tilecheck bench (default: gpu ws py bench)
 set -u
 OUT=${OUT:-device-out}
 LOG=$OUT/logs
@@ -70,6 +70,20 @@ tma)  # TMA weight tiles (up_proj, down_proj): small checks, then grad-check and
     step "tma_bench_$p" 200 $BIN bench --preset "$p" --no-cache $TT
     step "tmap_bench_$p" 200 $BIN bench --preset "$p" --no-cache $TP
     step "notma_bench_$p" 200 $BIN bench --preset "$p" --no-cache $TN
+  done ;;
+tmaw)  # TMA for dH (up_wgrad) and hg (down_wgrad): small checks (partial last stages, chunked hg),
+  # grad-checks on $TMA_PRESETS, benches against the same tiles without TMA on $TMAW_BENCH
+  TW="--tile up_wgrad=128x256x64_w8x1_s4_ws_tma --tile down_wgrad=128x256x64_w8x1_s4_ws_tma"
+  TWP="--tile up_wgrad=128x256x64_w8x1_s4_wsp_tma --tile down_wgrad=128x256x64_w8x1_s4_wsp_tma"
+  TW0="--tile up_wgrad=128x256x64_w8x1_s4_ws --tile down_wgrad=128x256x64_w8x1_s4_ws"
+  step tmaw_small_grad 60 $BIN grad-check -E 60 -K 4 -d 136 -n 200 -T 777 --activation geglu $TW
+  if [ "$LAST_RC" -ne 0 ]; then FAILED_BLOCKS="$FAILED_BLOCKS tmaw"; continue; fi
+  step tmawp_small_skew 60 $BIN grad-check -E 64 -K 8 -d 256 -n 192 -T 1000 --router none --routing skewed --activation silu $TWP
+  for p in ${TMA_PRESETS-qwen3-next-80b mixtral-8x7b}; do step "tmaw_grad_$p" 200 $BIN grad-check --preset "$p" $TW; done
+  for p in ${TMAW_BENCH-mixtral-8x7b deepseek-v3}; do
+    step "tmaw_bench_$p" 100 $BIN bench --preset "$p" --no-cache $TW
+    step "tmawp_bench_$p" 100 $BIN bench --preset "$p" --no-cache $TWP
+    step "notmaw_bench_$p" 100 $BIN bench --preset "$p" --no-cache $TW0
   done ;;
 defaults)  # grad-check every suite preset with the default tiles (n > d shapes first at a small
   # size: the forward's slot chunks and the down backward's column chunks)

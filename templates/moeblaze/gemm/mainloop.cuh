@@ -22,8 +22,9 @@ namespace moeblaze::gemm {
 // walks tiles blockIdx.x, +gridDim.x, ... and its producer fills the next tile's stages while
 // the consumers run the epilogue (gemm::for_each_tile). With wgmma WARPS_M = BM/16 and
 // WARPS_N = 1, which is how wgmma lays out its accumulators. THREADS counts the warps that
-// hold accumulators (the consumers); BLOCK_THREADS is the launch size. TMA_: the weight
-// operand comes by TMA (gemm/tma.cuh; warp-specialised tiles of up_proj and down_proj).
+// hold accumulators (the consumers); BLOCK_THREADS is the launch size. TMA_: the operand that
+// is not gathered comes by TMA (gemm/tma.cuh; warp-specialised tiles of up_proj, down_proj,
+// up_wgrad, down_wgrad).
 template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_, int NB_ = 1, int WGMMA_ = 0,
           int TMA_ = 0>
 struct Tile {

@@ -51,6 +51,27 @@ struct IsTma<TmaRows<P>> {
   static constexpr bool value = true;
 };
 
+// An MN-major operand read by TMA whose k rows are contiguous (dH and hg: an expert's slots
+// in order): stage tile [64 k][COLS], COLS/64 boxes of [64][64] (the blocked swizzled layout,
+// one 8 KiB block each) at (col0 + 64j, row0 + k0) of the map's [rows, cols] view. Only rows
+// [0, count) exist (the next expert's follow): a stage that would read past them goes through
+// `rows` (the cp.async path, which zero-fills the missing rows) instead.
+template <class Fallback>
+struct TmaMnRows {
+  const TmaMap* map;
+  int col0, row0, count;
+  Fallback rows;
+};
+
+template <class Src>
+struct IsTmaMn {
+  static constexpr bool value = false;
+};
+template <class F>
+struct IsTmaMn<TmaMnRows<F>> {
+  static constexpr bool value = true;
+};
+
 // The producer-side loader of a TMA operand, the StageLoader interface plus the barrier:
 // thread 0 of the producer announces the stage's bytes on `bar` and issues the boxes.
 template <int ROWS_PER_PART, int PARTS>
@@ -71,5 +92,55 @@ struct TmaStageLoader {
     for (int p = 0; p < PARTS; ++p) tma_load_2d(smem + p * ROWS_PER_PART * 64, src.map[p], k0, src.row, bar);
   }
 };
+
+// Loader of a TmaMnRows operand: whole stages by TMA, the partial last stage of an expert by
+// the producer's cp.async copies (landed[s] covers those, full[s] the TMA bytes).
+template <int ROWS, int COLS, int THREADS, class F>
+struct TmaMnStageLoader {
+  static_assert(COLS % 64 == 0, "MN-major TMA boxes are 64 columns wide");
+  static constexpr unsigned BYTES = ROWS * COLS * 2;
+  const TmaMnRows<F>& src;
+  StageLoader<ROWS, COLS, THREADS, false, F> tail;
+  bool issuer;
+  MB_DEV TmaMnStageLoader(const TmaMnRows<F>& s, int ptid) : src(s), tail(s.rows, ptid), issuer(ptid == 0) {
+    if (issuer) tma_prefetch_map(s.map);
+  }
+  MB_DEV void fetch(int) {}
+  MB_DEV void load(bf16_t* smem, int k0, mbar_t* bar) {
+    if (k0 + ROWS <= src.count) {
+      if (!issuer) return;
+      mbar_expect_tx(bar, BYTES);
+#pragma unroll
+      for (int j = 0; j < COLS / 64; ++j) tma_load_2d(smem + j * ROWS * 64, src.map, src.col0 + 64 * j, src.row0 + k0, bar);
+    } else {
+      tail.fetch(k0);
+      tail.load(smem, k0);
+    }
+  }
+};
+
+// The loader of one operand of a warp-specialised stage: TMA for TmaRows (K-major) and
+// TmaMnRows (MN-major) sources, the cp.async StageLoader otherwise.
+template <int ROWS, int COLS, int THREADS, bool KMAJOR, class Src>
+struct LoaderFor {
+  using type = StageLoader<ROWS, COLS, THREADS, KMAJOR, Src>;
+  static constexpr bool kTma = false;
+};
+template <int ROWS, int COLS, int THREADS, int P>
+struct LoaderFor<ROWS, COLS, THREADS, true, TmaRows<P>> {
+  using type = TmaStageLoader<ROWS / P, P>;
+  static constexpr bool kTma = true;
+};
+template <int ROWS, int COLS, int THREADS, class F>
+struct LoaderFor<ROWS, COLS, THREADS, false, TmaMnRows<F>> {
+  using type = TmaMnStageLoader<ROWS, COLS, THREADS, F>;
+  static constexpr bool kTma = true;
+};
+
+template <bool TMA, class Loader>
+MB_DEV void load_operand(Loader& l, bf16_t* smem, int k0, mbar_t* full) {
+  if constexpr (TMA) l.load(smem, k0, full);
+  else l.load(smem, k0);
+}
 
 }  // namespace moeblaze::gemm

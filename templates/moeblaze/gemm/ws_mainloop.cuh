@@ -163,13 +163,11 @@ MB_DEV void ws_produce(const ASrc& a_src, const BSrc& b_src, int k_size, bf16_t*
   const int base = pipe.it, end = base + k_tiles;  // the block's k steps of this tile: [base, end)
   constexpr int A_ROWS = A_KMAJOR ? Cfg::BM : Cfg::BK, A_COLS = A_KMAJOR ? Cfg::BK : Cfg::BM;
   constexpr int B_ROWS = B_KMAJOR ? Cfg::NB * Cfg::BN : Cfg::BK, B_COLS = B_KMAJOR ? Cfg::BK : Cfg::BN;
-  StageLoader<A_ROWS, A_COLS, Cfg::PRODUCER_THREADS, A_KMAJOR, ASrc> a_load(a_src, ptid);
-  // B by TMA (a K-major TmaRows source: weights) or by the producer's cp.async copies.
-  constexpr bool B_TMA = IsTma<BSrc>::value;
-  static_assert(!B_TMA || B_KMAJOR, "TMA operands are K-major here");
-  using BLoader = typename PickType<B_TMA, TmaStageLoader<Cfg::BN, Cfg::NB>,
-                                    StageLoader<B_ROWS, B_COLS, Cfg::PRODUCER_THREADS, B_KMAJOR, BSrc>>::type;
-  BLoader b_load(b_src, ptid);
+  // Each operand by TMA (TmaRows / TmaMnRows sources) or by the producer's cp.async copies.
+  using ALoad = LoaderFor<A_ROWS, A_COLS, Cfg::PRODUCER_THREADS, A_KMAJOR, ASrc>;
+  using BLoad = LoaderFor<B_ROWS, B_COLS, Cfg::PRODUCER_THREADS, B_KMAJOR, BSrc>;
+  typename ALoad::type a_load(a_src, ptid);
+  typename BLoad::type b_load(b_src, ptid);
   a_load.fetch(0);
   b_load.fetch(0);
   int issued = base, published = base;
@@ -179,11 +177,10 @@ MB_DEV void ws_produce(const ASrc& a_src, const BSrc& b_src, int k_size, bf16_t*
       if (issued < S || mbar_test(pipe.empty(s), ((issued / S) & 1) ^ 1)) {
         bf16_t* stage = smem + s * Cfg::STAGE_ELEMS;
         const int k0 = (issued - base) * Cfg::BK;
-        a_load.load(stage, k0);
-        // The TMA bytes complete on full[s], which also waits for every producer thread's
-        // arrival after landed[s]: the consumers see both operands.
-        if constexpr (B_TMA) b_load.load(stage + Cfg::A_ELEMS, k0, pipe.full(s));
-        else b_load.load(stage + Cfg::A_ELEMS, k0);
+        // TMA bytes complete on full[s], which also waits for every producer thread's arrival
+        // after landed[s] (the cp.async copies): the consumers see both operands.
+        load_operand<ALoad::kTma>(a_load, stage, k0, pipe.full(s));
+        load_operand<BLoad::kTma>(b_load, stage + Cfg::A_ELEMS, k0, pipe.full(s));
         cp_async_arrive_noinc(pipe.landed(s));
         ++issued;
         a_load.fetch(k0 + Cfg::BK);
