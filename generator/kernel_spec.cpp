@@ -116,8 +116,9 @@ int stacked_b_tiles(KernelFamily f, Activation act) {
 }
 
 std::string TileConfig::to_string() const {
-  return fmt::format("{}x{}x{}_w{}x{}_s{}{}{}", bm, bn, bk, warps_m, warps_n, stages,
-                     wgmma == 3 ? "_wsp" : wgmma == 2 ? "_ws" : wgmma == 1 ? "_wg" : "", tma ? "_tma" : "");
+  return fmt::format("{}x{}x{}_w{}x{}_s{}{}{}{}", bm, bn, bk, warps_m, warps_n, stages,
+                     wgmma == 3 ? "_wsp" : wgmma == 2 ? "_ws" : wgmma == 1 ? "_wg" : "", tma ? "_tma" : "",
+                     swap ? "_swap" : "");
 }
 
 TileConfig wgmma_tile(int bm, int bn, int stages, bool warp_specialized, bool persistent) {
@@ -140,20 +141,23 @@ bool supports_persistent(KernelFamily f) {
 
 TileConfig TileConfig::parse(const std::string& s) {
   TileConfig t;
-  char tail[10] = {0};
+  char tail[16] = {0};
   int used = 0;
-  const int n = std::sscanf(s.c_str(), "%dx%dx%d_w%dx%d_s%d%9s%n", &t.bm, &t.bn, &t.bk, &t.warps_m, &t.warps_n,
+  const int n = std::sscanf(s.c_str(), "%dx%dx%d_w%dx%d_s%d%15s%n", &t.bm, &t.bn, &t.bk, &t.warps_m, &t.warps_n,
                             &t.stages, tail, &used);
   std::string kind = n == 7 ? tail : "";
-  if (kind.size() > 4 && kind.compare(kind.size() - 4, 4, "_tma") == 0) {
-    t.tma = true;
-    kind.resize(kind.size() - 4);
-  }
+  auto strip = [&kind](const std::string& suffix) {
+    const bool has = kind.size() > suffix.size() && kind.compare(kind.size() - suffix.size(), suffix.size(), suffix) == 0;
+    if (has) kind.resize(kind.size() - suffix.size());
+    return has;
+  };
+  t.swap = strip("_swap");
+  t.tma = strip("_tma");
   if (kind == "_wg") t.wgmma = 1;
   else if (kind == "_ws") t.wgmma = 2;
   else if (kind == "_wsp") t.wgmma = 3;
   if ((n == 7 && (t.wgmma == 0 || used != static_cast<int>(s.size()))) || (n != 6 && n != 7))
-    throw InvalidArgument("tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS[_wg|_ws|_wsp][_tma] (e.g. "
+    throw InvalidArgument("tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS[_wg|_ws|_wsp][_tma][_swap] (e.g. "
                                               "128x128x64_w2x4_s4, 128x256x64_w8x1_s4_ws_tma)",
                                               s));
   return t;
@@ -197,6 +201,8 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
     if (t.warp_specialized() && t.bm > 128) return "warp-specialised tiles have one or two consumer warpgroups";
     if (t.persistent() && !supports_persistent(spec.family)) return "persistent tiles are for the expert GEMMs";
   }
+  if (t.swap && (!t.wgmma || !supports_persistent(spec.family)))
+    return "the swapped tile order is for wgmma tiles of the expert GEMMs";
   if (t.tma) {
     if (!t.warp_specialized()) return "TMA tiles are warp-specialised (_ws or _wsp): the producer issues the copies";
     if (spec.family != KernelFamily::up_proj && spec.family != KernelFamily::down_proj &&
@@ -235,8 +241,8 @@ GeneratedKernel generate(const KernelSpec& spec) {
   if (is_tiled(spec.family)) {
     const TileConfig& t = spec.tile;
     const int nb = stacked_b_tiles(spec.family, spec.layer.activation);
-    targs = fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, {}, {}>, {}", t.bm, t.bn, t.bk, t.warps_m,
-                        t.warps_n, t.stages, nb, t.wgmma, t.tma ? 1 : 0, targs);
+    targs = fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>, {}", t.bm, t.bn, t.bk,
+                        t.warps_m, t.warps_n, t.stages, nb, t.wgmma, t.tma ? 1 : 0, t.swap ? 1 : 0, targs);
     g.threads = t.threads();
     g.dynamic_smem = t.smem_bytes(nb);
   } else {

@@ -54,6 +54,10 @@ struct TileConfig {
   // tma.cuh) instead of the producer's cp.async copies ("_tma"), on warp-specialised tiles:
   // the weights of up_proj and down_proj, dH of up_wgrad, hg of down_wgrad.
   bool tma = false;
+  // The other tile order of the expert GEMMs ("_swap", gemm/tile_schedule.cuh): slot-tiled
+  // GEMMs walk N tiles fastest inside an expert (reusing a block of gathered rows), weight
+  // gradients run their larger side fastest. The tuner's schedule-order parameter.
+  bool swap = false;
   bool warp_specialized() const { return wgmma >= 2; }
   bool persistent() const { return wgmma == 3; }
   // The producer: one warpgroup (mainloop.cuh's Tile::PRODUCER_THREADS).
@@ -66,7 +70,7 @@ struct TileConfig {
   int loader_threads() const { return warp_specialized() ? producer_threads() : compute_threads(); }
   // wgmma tiles reserve 1 KiB to align their 128-byte-swizzle atoms to 1024 bytes.
   int smem_bytes(int nb) const { return stages * (bm * bk + nb * bn * bk) * 2 + (wgmma ? 1024 : 0); }
-  std::string to_string() const;  // "128x128x64_w2x4_s3", "..._wg" / "..._ws" / "..._wsp" for wgmma, "+_tma"
+  std::string to_string() const;  // "128x128x64_w2x4_s3", "..._wg" / "..._ws" / "..._wsp" for wgmma, then "_tma", "_swap"
   // Inverse of to_string; throws InvalidArgument("tile", ...) on a malformed string.
   static TileConfig parse(const std::string& s);
   bool operator==(const TileConfig&) const = default;

@@ -31,6 +31,12 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
     return t;
   };
   if (arch == "sm_90a" && def.warp_specialized()) add(with_tma(def));
+  // The other schedule order of the default (`add` keeps it for the expert GEMMs' wgmma tiles).
+  if (arch == "sm_90a") {
+    TileConfig swapped = def;
+    swapped.swap = true;
+    add(swapped);
+  }
   const int nb = stacked_b_tiles(family, layer.activation);
   // Hopper: wgmma tiles first (persistent and one-tile warp-specialised, then the shared
   // pipeline), mma.sync last.

@@ -22,8 +22,8 @@ MB_DEV void up_proj(const UpProjArgs& p) {
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
     const gemm::SlotTile t =
         p.slot_hi > 0
-            ? gemm::chunk_slot_tile<Cfg::BM, Cfg::BN, E, N>(tile, p.rv.expert_token_offsets, p.slot_lo, p.slot_hi)
-            : gemm::slot_tile<Cfg::BM, Cfg::BN, E, N>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
+            ? gemm::chunk_slot_tile<Cfg::BM, Cfg::BN, E, N, Cfg::SWAP>(tile, p.rv.expert_token_offsets, p.slot_lo, p.slot_hi)
+            : gemm::slot_tile<Cfg::BM, Cfg::BN, E, N, Cfg::SWAP>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
     if (!t.valid) return false;
     const bf16_t* x = static_cast<const bf16_t*>(p.x);
     const i64 w_off = (static_cast<i64>(t.expert) * N + t.n0) * D;
@@ -79,8 +79,8 @@ MB_DEV void down_proj(const DownProjArgs& p) {
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
     const gemm::SlotTile t =
         p.slot_hi > 0
-            ? gemm::chunk_slot_tile<Cfg::BM, Cfg::BN, E, D>(tile, p.rv.expert_token_offsets, p.slot_lo, p.slot_hi)
-            : gemm::slot_tile<Cfg::BM, Cfg::BN, E, D>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
+            ? gemm::chunk_slot_tile<Cfg::BM, Cfg::BN, E, D, Cfg::SWAP>(tile, p.rv.expert_token_offsets, p.slot_lo, p.slot_hi)
+            : gemm::slot_tile<Cfg::BM, Cfg::BN, E, D, Cfg::SWAP>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
     if (!t.valid) return false;
     const bf16_t* h = static_cast<const bf16_t*>(p.h);
     const bf16_t* w2 = static_cast<const bf16_t*>(p.w2);
@@ -132,9 +132,9 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
   const int hg_ld = p.n_tiles > 0 ? p.hg_ld : N, hg_col0 = p.n_tiles > 0 ? p.n_tile_lo * Cfg::BN : 0;
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
     const gemm::SlotTile t =
-        p.n_tiles > 0 ? gemm::slot_tile_cols<Cfg::BM, Cfg::BN, E>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets,
+        p.n_tiles > 0 ? gemm::slot_tile_cols<Cfg::BM, Cfg::BN, E, Cfg::SWAP>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets,
                                                                   p.n_tiles, p.n_tile_lo)
-                      : gemm::slot_tile<Cfg::BM, Cfg::BN, E, N>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
+                      : gemm::slot_tile<Cfg::BM, Cfg::BN, E, N, Cfg::SWAP>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
     if (!t.valid) return false;
     const bf16_t* dy = static_cast<const bf16_t*>(p.dy);
     const bf16_t* w2 = static_cast<const bf16_t*>(p.w2);
@@ -207,33 +207,6 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
 }
 
 // ---- backward: weight gradients ----------------------------------------------------------
-// Tile `tile` of a per-expert weight gradient (M x N_OUT per expert, reduction over the
-// expert's slots); E * TM * TN of them, expert-major. Inside an expert the side with fewer
-// tiles runs fastest: the blocks in flight then read all of that (smaller) operand and a few
-// blocks of the other, k step by k step together, so L2 serves the repeats. With the larger
-// side fastest, every wave streams the whole larger operand from DRAM: mixtral's dW2
-// (dy 32 MiB, hg 112 MiB per expert) ran at 3.1 TB/s DRAM, 42% L2 hits (ncu, bench/NOTES.md).
-struct WgradTile {
-  int expert, m0, n0, slot0, count;
-  bool valid;
-};
-template <int BM, int BN, int E, int M, int N_OUT>
-MB_DEV WgradTile wgrad_tile(int tile, const RoutingView& rv, int n_out = N_OUT) {
-  constexpr int TM = (M + BM - 1) / BM;
-  const int TN = (n_out + BN - 1) / BN;
-  WgradTile w{};
-  w.valid = tile < E * TM * TN;
-  if (!w.valid) return w;
-  w.expert = tile / (TM * TN);
-  const int rem = tile % (TM * TN);
-  const bool M_FASTEST = TM <= TN;
-  w.m0 = (M_FASTEST ? rem % TM : rem / TN) * BM;
-  w.n0 = (M_FASTEST ? rem / TM : rem % TN) * BN;
-  w.slot0 = rv.expert_token_offsets[w.expert];
-  w.count = rv.expert_token_offsets[w.expert + 1] - w.slot0;
-  return w;
-}
-
 template <class Cfg, class RowOut>
 MB_DEV void store_wgrad(const float (&acc)[1][Cfg::MT][Cfg::NT][4], int m_valid, int n_valid,
                         int n0, int accumulate_fp32, RowOut row_out) {
@@ -257,7 +230,7 @@ MB_DEV void down_wgrad(const WgradArgs& p) {
   const int n_cols = p.n_cols > 0 ? p.n_cols : N, col0 = p.n_cols > 0 ? p.n_col0 : 0;
   const int b_ld = p.n_cols > 0 ? p.b_ld : N;
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
-    const WgradTile w = wgrad_tile<Cfg::BM, Cfg::BN, E, D, N>(tile, p.rv, n_cols);
+    const gemm::WgradTile w = gemm::wgrad_tile<Cfg::BM, Cfg::BN, E, D, N, Cfg::SWAP>(tile, p.rv, n_cols);
     if (!w.valid) return false;
     const bf16_t* dy = static_cast<const bf16_t*>(p.a);
     const bf16_t* hg = static_cast<const bf16_t*>(p.b);
@@ -285,7 +258,7 @@ template <class Cfg, int E, int D, int N, Activation ACT>
 MB_DEV void up_wgrad(const WgradArgs& p) {
   constexpr int G = gate_parts<ACT>();
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
-    const WgradTile w = wgrad_tile<Cfg::BM, Cfg::BN, E, G * N, D>(tile, p.rv);
+    const gemm::WgradTile w = gemm::wgrad_tile<Cfg::BM, Cfg::BN, E, G * N, D, Cfg::SWAP>(tile, p.rv);
     if (!w.valid) return false;
     const bf16_t* dH = static_cast<const bf16_t*>(p.a);
     const bf16_t* x = static_cast<const bf16_t*>(p.b);
@@ -318,7 +291,7 @@ template <class Cfg, int E, int D, int N, Activation ACT>
 MB_DEV void up_dgrad(const UpDgradArgs& p) {
   constexpr int G = gate_parts<ACT>();
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
-    const gemm::SlotTile t = gemm::slot_tile<Cfg::BM, Cfg::BN, E, D>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
+    const gemm::SlotTile t = gemm::slot_tile<Cfg::BM, Cfg::BN, E, D, Cfg::SWAP>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
     if (!t.valid) return false;
     const bf16_t* dH = static_cast<const bf16_t*>(p.dH);
     const i64 w_off = static_cast<i64>(t.expert) * N * D + t.n0;

@@ -312,3 +312,33 @@ TEST_CASE("generator: TMA tiles (up_proj, down_proj, up_wgrad, down_wgrad) compi
     }
   }
 }
+
+TEST_CASE("generator: swapped tile orders compile for every expert GEMM and round-trip their names") {
+  TileConfig wg = wgmma_tile(128, 128, 3);
+  wg.swap = true;
+  TileConfig wsp_tma = wgmma_tile(128, 256, 4, true, true);
+  wsp_tma.tma = true;
+  wsp_tma.swap = true;
+  CHECK(wg.to_string() == "128x128x64_w8x1_s3_wg_swap");
+  CHECK(wsp_tma.to_string() == "128x256x64_w8x1_s4_wsp_tma_swap");
+  CHECK(TileConfig::parse("128x128x64_w8x1_s3_wg_swap") == wg);
+  CHECK(TileConfig::parse("128x256x64_w8x1_s4_wsp_tma_swap") == wsp_tma);
+  CHECK_THROWS_AS(TileConfig::parse("128x256x64_w8x1_s4_swap"), InvalidArgument);
+  CHECK_THROWS_AS(TileConfig::parse("128x256x64_w8x1_s4_ws_swap_tma"), InvalidArgument);
+  const LayerConfig l = find_preset("mixtral-8x7b").layer;
+  TileConfig router = wgmma_tile(128, 64, 4);
+  router.swap = true;
+  CHECK(legality_problem(KernelSpec{KernelFamily::router_logits, l, router, "sm_90a"}) ==
+        "the swapped tile order is for wgmma tiles of the expert GEMMs");
+  std::vector<KernelSpec> specs;
+  for (KernelFamily f : {KernelFamily::up_proj, KernelFamily::down_proj, KernelFamily::down_dgrad,
+                         KernelFamily::down_wgrad, KernelFamily::up_wgrad, KernelFamily::up_dgrad}) {
+    TileConfig t = f == KernelFamily::up_proj ? wgmma_tile(128, 128, 4, true, true) : wgmma_tile(128, 256, 4, true);
+    t.tma = f == KernelFamily::up_proj;  // the default up_proj (the cp.async _wsp one spills, see above)
+    t.swap = true;
+    specs.push_back({f, l, t, "sm_90a"});
+    REQUIRE_MESSAGE(legality_problem(specs.back()).empty(), legality_problem(specs.back()));
+  }
+  const auto built = compile_all(specs, 0, true);
+  check_compiled_without_spills(built);
+}

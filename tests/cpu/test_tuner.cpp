@@ -78,13 +78,15 @@ TEST_CASE("tuner: the first candidates span the tile kinds; persistent tiles onl
   for (KernelFamily f : tunable_families(l)) {
     INFO(to_string(f));
     const auto c = tile_candidates(f, l, "sm_90a", 7);  // what device_all.sh's tune runs
-    bool wg = false, ws = false, wsp = false, tma = false;
+    bool wg = false, ws = false, wsp = false, tma = false, swap = false;
     for (const auto& t : c) {
       wg |= t.wgmma == 1;
       ws |= t.wgmma == 2;
       wsp |= t.persistent();
       tma |= t.tma;
+      swap |= t.swap;
     }
+    CHECK(swap == supports_persistent(f));  // the schedule order: expert GEMMs
     CHECK(wg);
     CHECK(ws);
     CHECK(wsp == supports_persistent(f));

@@ -26,11 +26,12 @@ namespace moeblaze::gemm {
 // is not gathered comes by TMA (gemm/tma.cuh; warp-specialised tiles of up_proj, down_proj,
 // up_wgrad, down_wgrad).
 template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_, int NB_ = 1, int WGMMA_ = 0,
-          int TMA_ = 0>
+          int TMA_ = 0, int SWAP_ = 0>
 struct Tile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_;
   static constexpr int STAGES = STAGES_, NB = NB_;
   static constexpr bool TMA = TMA_ != 0;
+  static constexpr bool SWAP = SWAP_ != 0;  // the other tile order (gemm/tile_schedule.cuh)
   static_assert(!TMA || WGMMA_ >= 2, "TMA loads are issued by a producer warpgroup");
   static constexpr bool WGMMA = WGMMA_ != 0;
   static constexpr bool WARP_SPECIALIZED = WGMMA_ >= 2;

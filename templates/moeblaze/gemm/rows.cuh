@@ -4,6 +4,7 @@
 #pragma once
 #include "moeblaze/device.cuh"
 #include "moeblaze/kernel_args.cuh"
+#include "moeblaze/gemm/tile_schedule.cuh"
 
 namespace moeblaze::gemm {
 
@@ -54,79 +55,6 @@ struct TwoPartRows {
 MB_DEV bf16_t* dynamic_smem() {
   extern __shared__ __align__(128) unsigned char moeblaze_smem[];
   return reinterpret_cast<bf16_t*>(moeblaze_smem);
-}
-
-// Tile `tile` of a grouped GEMM whose M dimension is an expert's slots (a run-time count;
-// the per-expert tile counts come from tile_prefix, built on the device by the index build):
-// tiles are numbered expert by expert, N-tile outer and M-tile inner inside an expert so
-// that consecutive blocks reuse one weight tile while the expert's gathered rows stay in L2.
-struct SlotTile {
-  int expert, slot0, rows, n0, n_tile;
-  bool valid;
-};
-
-// n_tiles N tiles from n_tile_lo on (a column chunk; slot_tile: all of them).
-template <int BM, int BN, int E>
-MB_DEV SlotTile slot_tile_cols(int tile, const int* tile_prefix_all, const int* expert_token_offsets, int n_tiles,
-                               int n_tile_lo) {
-  const int N_TILES = n_tiles;
-  const int* tp = tile_prefix_all + tile_prefix_row(BM) * (E + 1);
-  SlotTile t{};
-  const int m_global = tile / N_TILES;
-  if (m_global >= tp[E]) { t.valid = false; return t; }
-  int lo = 0, hi = E;  // invariant: tp[lo] <= m_global < tp[hi]
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (tp[mid] <= m_global) lo = mid; else hi = mid;
-  }
-  const int m_tiles = tp[lo + 1] - tp[lo];
-  const int local = tile - tp[lo] * N_TILES;
-  const int mt = local % m_tiles;
-  t.n_tile = n_tile_lo + local / m_tiles;
-  t.expert = lo;
-  t.slot0 = expert_token_offsets[lo] + mt * BM;
-  const int end = expert_token_offsets[lo + 1];
-  t.rows = end - t.slot0 < BM ? end - t.slot0 : BM;
-  t.n0 = t.n_tile * BN;
-  t.valid = true;
-  return t;
-}
-template <int BM, int BN, int E, int N_OUT>
-MB_DEV SlotTile slot_tile(int tile, const int* tile_prefix_all, const int* expert_token_offsets) {
-  return slot_tile_cols<BM, BN, E>(tile, tile_prefix_all, expert_token_offsets, (N_OUT + BN - 1) / BN, 0);
-}
-
-// The same numbering restricted to the slots [lo, hi) of a chunk (the forward runs the up
-// and down projections chunk by chunk when h is wide, so h is held for one chunk at a time):
-// per expert, its BM-aligned M tiles that meet the chunk, clipped to it, N-tile outer. The
-// experts' tile counts are summed here (a loop over E: chunked layers have few experts), so
-// the grid needs no host sync: at most (ceil((hi-lo)/BM) + 2E) * N_TILES tiles.
-template <int BM, int BN, int E, int N_OUT>
-MB_DEV SlotTile chunk_slot_tile(int tile, const int* expert_token_offsets, int lo, int hi) {
-  constexpr int N_TILES = (N_OUT + BN - 1) / BN;
-  SlotTile t{};
-  t.valid = false;
-  int before = 0;  // tiles of the chunk's earlier experts
-  for (int e = 0; e < E; ++e) {
-    const int off = expert_token_offsets[e], end = expert_token_offsets[e + 1];
-    const int s0 = off > lo ? off : lo, s1 = end < hi ? end : hi;
-    if (s1 <= s0) continue;
-    const int mt_lo = (s0 - off) / BM, mt_hi = (s1 - off + BM - 1) / BM, m_tiles = mt_hi - mt_lo;
-    if (tile < before + m_tiles * N_TILES) {
-      const int local = tile - before;
-      const int mt = mt_lo + local % m_tiles;
-      t.n_tile = local / m_tiles;
-      t.expert = e;
-      const int first = off + mt * BM, last = first + BM < s1 ? first + BM : s1;
-      t.slot0 = first > s0 ? first : s0;
-      t.rows = last - t.slot0;
-      t.n0 = t.n_tile * BN;
-      t.valid = true;
-      return t;
-    }
-    before += m_tiles * N_TILES;
-  }
-  return t;
 }
 
 }  // namespace moeblaze::gemm
