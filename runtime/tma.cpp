@@ -42,4 +42,24 @@ TmaMap encode_weight_map(CUdeviceptr base, int64_t total_rows, int64_t k, int bo
   return out;
 }
 
+// TMA tiles (TileConfig::tma) read their weight tiles through tensor maps in the argument.
+void attach_weight_maps(UpProjArgs& up, const TileConfig& t, const LayerConfig& l) {
+  if (!t.tma) return;
+  const int64_t rows = int64_t{l.shape.experts} * l.shape.ffn;
+  up.tma_w1 = encode_weight_map(reinterpret_cast<CUdeviceptr>(up.w1), rows, l.shape.hidden, t.bn, "w1");
+  if (up.w3) up.tma_w3 = encode_weight_map(reinterpret_cast<CUdeviceptr>(up.w3), rows, l.shape.hidden, t.bn, "w3");
+}
+void attach_weight_maps(DownProjArgs& down, const TileConfig& t, const LayerConfig& l) {
+  if (!t.tma) return;
+  const int64_t rows = int64_t{l.shape.experts} * l.shape.hidden;
+  down.tma_w2 = encode_weight_map(reinterpret_cast<CUdeviceptr>(down.w2), rows, l.shape.ffn, t.bn, "w2");
+}
+// up_wgrad reads dH (A: [T*K, G*n]), down_wgrad hg (B: [T*K, cols], rows ld apart) by TMA.
+void attach_dh_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols) {
+  if (t.tma) w.tma_a = encode_weight_map(reinterpret_cast<CUdeviceptr>(w.a), slots, cols, 64, "dH");
+}
+void attach_hg_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols, int64_t ld) {
+  if (t.tma) w.tma_b = encode_weight_map(reinterpret_cast<CUdeviceptr>(w.b), slots, cols, 64, "hg", ld);
+}
+
 }  // namespace moeblaze

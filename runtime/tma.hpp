@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cuda_driver.hpp"
+#include "generator/kernel_spec.hpp"
 #include "moeblaze/kernel_args.cuh"
 
 namespace moeblaze {
@@ -28,5 +29,12 @@ WeightMapParams weight_map_params(CUdeviceptr base, int64_t total_rows, int64_t 
 // [64 rows][64 columns] for the MN-major stage blocks of the weight gradients.
 TmaMap encode_weight_map(CUdeviceptr base, int64_t total_rows, int64_t k, int box_rows, const char* name,
                          int64_t ld = 0);
+
+// The tensor maps of a TMA tile's kernel argument (TileConfig::tma; nothing otherwise).
+void attach_weight_maps(UpProjArgs& up, const TileConfig& t, const LayerConfig& l);
+void attach_weight_maps(DownProjArgs& down, const TileConfig& t, const LayerConfig& l);
+// up_wgrad reads dH (A: [slots, cols]), down_wgrad hg (B: [slots, cols], rows ld apart).
+void attach_dh_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols);
+void attach_hg_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols, int64_t ld);
 
 }  // namespace moeblaze
