@@ -24,8 +24,9 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
     if (!legality_problem(KernelSpec{family, layer, t, arch}).empty()) return;
     all.push_back(t);
   };
-  // The TMA variant of a warp-specialised tile (weights by cp.async.bulk.tensor; `add` keeps
-  // it only where legal: up_proj and down_proj).
+  // The TMA variant of a warp-specialised tile (the operands that are not gathered by
+  // cp.async.bulk.tensor; `add` keeps it only where legal: up_proj, down_proj and the two
+  // weight gradients).
   auto with_tma = [](TileConfig t) {
     t.tma = true;
     return t;

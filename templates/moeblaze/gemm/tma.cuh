@@ -42,15 +42,6 @@ struct TmaRows {
   int row;
 };
 
-template <class Src>
-struct IsTma {
-  static constexpr bool value = false;
-};
-template <int P>
-struct IsTma<TmaRows<P>> {
-  static constexpr bool value = true;
-};
-
 // An MN-major operand read by TMA whose k rows are contiguous (dH and hg: an expert's slots
 // in order): stage tile [64 k][COLS], COLS/64 boxes of [64][64] (the blocked swizzled layout,
 // one 8 KiB block each) at (col0 + 64j, row0 + k0) of the map's [rows, cols] view. Only rows
@@ -61,15 +52,6 @@ struct TmaMnRows {
   const TmaMap* map;
   int col0, row0, count;
   Fallback rows;
-};
-
-template <class Src>
-struct IsTmaMn {
-  static constexpr bool value = false;
-};
-template <class F>
-struct IsTmaMn<TmaMnRows<F>> {
-  static constexpr bool value = true;
 };
 
 // The producer-side loader of a TMA operand, the StageLoader interface plus the barrier:
