@@ -9,9 +9,12 @@ OUT=${OUT:-device-out}
 LOG=$OUT/logs
 mkdir -p "$LOG"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export MOEBLAZE_LIBRARY=$PWD/build/lib/libmoeblaze_c.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
+# BUILD: the build folder to run (default build; another carried one, e.g. a branch's, compares
+# kernels of two builds in one call on one GPU)
+BUILD=${BUILD:-build}
+export MOEBLAZE_LIBRARY=$PWD/$BUILD/lib/libmoeblaze_c.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
 export MOEBLAZE_CACHE=${MOEBLAZE_CACHE:-/tmp/moeblaze-cache.db}
-BIN=build/bin/moeblaze
+BIN=$BUILD/bin/moeblaze
 steps=${*:-gpu ws py bench}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$LOG/gpu.txt"
 # DEADLINE_S: seconds from now after which no step runs on (each step's timeout is cut to
@@ -35,7 +38,7 @@ step() {  # step NAME TIMEOUT CMD...
 }
 FAILED_BLOCKS=""  # tile kinds whose first check failed: their other checks and tune are skipped
 for s in $steps; do case $s in
-gpu) step gpu_tests 240 build/bin/moeblaze_gpu_tests ;;
+gpu) step gpu_tests 240 $BUILD/bin/moeblaze_gpu_tests ;;
 wgmma|ws|wsp)  # the wgmma tiles of every GEMM family: "_wg" (shared pipeline), "_ws" (warp-specialised),
   # "_wsp" (persistent warp-specialised; expert GEMMs only, the router GEMMs run "_ws")
   X=$(case $s in ws) echo _ws;; wsp) echo _wsp;; *) echo _wg;; esac)
