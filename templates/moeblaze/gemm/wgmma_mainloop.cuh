@@ -20,6 +20,7 @@
 // written for mma.sync (for_each_pair) read them unchanged.
 #pragma once
 #include "moeblaze/gemm/mainloop.cuh"
+#include "moeblaze/gemm/mn_map.cuh"
 #include "moeblaze/gemm/wgmma_ops.cuh"
 
 namespace moeblaze::gemm {
@@ -64,46 +65,44 @@ MB_DEV bf16_t* align_1024(bf16_t* p) {
 }
 
 // A [BK][COLS] MN-major tile whose rows are k (and move with it), loaded 16 bytes per
-// cp.async into the blocked swizzled layout. The row keys of the next stage are read one
-// stage early (fetch), so a gathered row's index load does not stall the copy issue.
+// cp.async into the blocked swizzled layout, MnRowMap's thread layout (whole lines per warp
+// copy, G chunks per row pointer). The row keys of the next stage are read one stage early
+// (fetch), so a gathered row's index load does not stall the copy issue.
 template <int ROWS, int COLS, int THREADS, class Src>
 struct MnMajorLoader {
-  static constexpr int CHUNKS_PER_ROW = COLS / 8;
-  static_assert((ROWS * CHUNKS_PER_ROW) % THREADS == 0 && THREADS % CHUNKS_PER_ROW == 0, "even split");
-  static constexpr int PER_THREAD = ROWS * CHUNKS_PER_ROW / THREADS;
-  static constexpr int ROW_STEP = THREADS / CHUNKS_PER_ROW;
+  using Map = MnRowMap<ROWS, COLS, THREADS>;
+  static constexpr int G = Map::G, R = Map::R, ROW_STEP = Map::ROW_STEP;
   const Src& src;
-  int row0, col;
-  int keys[PER_THREAD];  // row keys of the stage to load next (src.key: -1 = no row)
-  int k_first;           // the k of the stage to load next (for sources whose rows are contiguous)
+  int tid;
+  int keys[R];  // row keys of the stage to load next (src.key: -1 = no row)
+  int k_first;  // the k of the stage to load next (for sources whose rows are contiguous)
 
-  MB_DEV MnMajorLoader(const Src& s, int tid) : src(s) {
-    row0 = tid / CHUNKS_PER_ROW;
-    col = (tid % CHUNKS_PER_ROW) * 8;
-  }
+  MB_DEV MnMajorLoader(const Src& s, int t) : src(s), tid(t) {}
   MB_DEV void fetch(int k0) {
     k_first = k0;
     if (src.contiguous(k0, ROWS)) return;  // load() needs no keys (a pointer and a stride)
 #pragma unroll
-    for (int i = 0; i < PER_THREAD; ++i) keys[i] = src.key(k0 + row0 + i * ROW_STEP);
+    for (int i = 0; i < R; ++i) keys[i] = src.key(k0 + Map::row(tid, i));
+  }
+  // The G chunks of tile row r from global row p (nullptr: zero-filled).
+  MB_DEV void copy_row(bf16_t* smem, int r, const bf16_t* p) const {
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const int c = Map::col(tid, j);
+      const bool ok = p != nullptr && c < src.limit;
+      cp_async16(smem + Map::offset(r, c), ok ? p + c : src.fallback(), ok);
+    }
   }
   MB_DEV void load(bf16_t* smem) const {
     if (src.contiguous(k_first, ROWS)) {  // hg, dH: never gathered (see TileLoader::load)
-      const bool ok = col < src.limit;
-      const bf16_t* p = ok ? src.row(k_first + row0) + col : src.fallback();
-      const i64 step = ok ? static_cast<i64>(ROW_STEP) * src.ld : 0;
+      const bf16_t* p = src.row(k_first + Map::row(tid, 0));
+      const i64 step = static_cast<i64>(ROW_STEP) * src.ld;
 #pragma unroll
-      for (int i = 0; i < PER_THREAD; ++i)
-        cp_async16(smem + swizzle_blocked<ROWS>(row0 + i * ROW_STEP, col), p + i * step, ok);
+      for (int i = 0; i < R; ++i) copy_row(smem, Map::row(tid, i), p + i * step);
       return;
     }
 #pragma unroll
-    for (int i = 0; i < PER_THREAD; ++i) {
-      const int r = row0 + i * ROW_STEP;
-      const bool ok = keys[i] >= 0 && col < src.limit;
-      const bf16_t* p = ok ? src.at(keys[i]) + col : src.fallback();
-      cp_async16(smem + swizzle_blocked<ROWS>(r, col), p, ok);
-    }
+    for (int i = 0; i < R; ++i) copy_row(smem, Map::row(tid, i), keys[i] >= 0 ? src.at(keys[i]) : nullptr);
   }
 };
 
