@@ -5,6 +5,7 @@
 #pragma once
 #include "moeblaze/gemm/ws_mainloop.cuh"
 #include "moeblaze/gemm/rows.cuh"
+#include "moeblaze/gemm/staged_tile.cuh"
 #include "moeblaze/kernel_args.cuh"
 
 namespace moeblaze {
@@ -127,6 +128,10 @@ template <class Cfg, int E, int K, int D, int N, Activation ACT>
 MB_DEV void down_dgrad(const DownDgradArgs& p) {
   constexpr int G = gate_parts<ACT>();
   constexpr int N_TILES = (N + Cfg::BN - 1) / Cfg::BN;
+  // One-tile wgmma blocks stage the epilogue's H tile and its results through the stage
+  // buffers the mainloop is done with ((G+1) BM x BN tiles: 96 KiB at 128x128 s3, 192 KiB at
+  // 128x256 s4); persistent blocks' producers are filling them with the next tile already.
+  constexpr bool STAGED = Cfg::WGMMA && !Cfg::PERSISTENT && (G + 1) * Cfg::BM * Cfg::BN <= Cfg::STAGES * Cfg::STAGE_ELEMS;
   __shared__ float gate_s[Cfg::BM];
   __shared__ float red_s[Cfg::BM][Cfg::WARPS_N];
   const int hg_ld = p.n_tiles > 0 ? p.hg_ld : N, hg_col0 = p.n_tiles > 0 ? p.n_tile_lo * Cfg::BN : 0;
@@ -154,6 +159,44 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
     bf16_t* hg = static_cast<bf16_t*>(p.hg);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int warp_m = warp / Cfg::WARPS_N, warp_n = warp % Cfg::WARPS_N;
+    const int cols = N - t.n0 < Cfg::BN ? N - t.n0 : Cfg::BN;  // valid columns of the tile
+    const i64 row0 = static_cast<i64>(t.slot0) * (G * N) + t.n0;
+    // Where the epilogue reads A/B and writes dA/dB/hg for tile element (r, c): shared memory
+    // (staged: the tile's H rows come in and the results go out as whole 16-byte chunks) or
+    // global memory directly (persistent tiles, whose pipeline buffers hold the next tile).
+    gemm::StagedTile<Cfg::BM, Cfg::BN> sa{nullptr}, sb{nullptr}, sh{nullptr};
+    if constexpr (STAGED) {
+      gemm::consumer_sync<Cfg>();  // every consumer warpgroup is done with the stage buffers
+      bf16_t* sm = gemm::align_1024(gemm::dynamic_smem());
+      sa.base = sm;
+      sb.base = sm + Cfg::BM * Cfg::BN;
+      sh.base = sm + G * Cfg::BM * Cfg::BN;
+      sa.load(H + row0, G * N, t.rows, cols, threadIdx.x, Cfg::THREADS);
+      if constexpr (G == 2) sb.load(H + row0 + N, G * N, t.rows, cols, threadIdx.x, Cfg::THREADS);
+      cp_async_commit();
+      cp_async_wait<0>();
+      gemm::consumer_sync<Cfg>();
+    }
+    auto a_at = [&](int r, int c) -> const bf16_t* {
+      if constexpr (STAGED) return sa.at(r, c);
+      else return H + row0 + static_cast<i64>(r) * (G * N) + c;
+    };
+    auto da_at = [&](int r, int c) -> bf16_t* {
+      if constexpr (STAGED) return sa.at(r, c);
+      else return dH + row0 + static_cast<i64>(r) * (G * N) + c;
+    };
+    auto db_at = [&](int r, int c) -> bf16_t* {
+      if constexpr (STAGED) return sb.at(r, c);
+      else return dH + row0 + static_cast<i64>(r) * (G * N) + N + c;
+    };
+    auto b_at = [&](int r, int c) -> const bf16_t* {
+      if constexpr (STAGED) return sb.at(r, c);
+      else return H + row0 + static_cast<i64>(r) * (G * N) + N + c;
+    };
+    auto h_at = [&](int r, int c) -> bf16_t* {
+      if constexpr (STAGED) return sh.at(r, c);
+      else return hg + static_cast<i64>(t.slot0 + r) * hg_ld + (t.n0 - hg_col0) + c;
+    };
     if (threadIdx.x < Cfg::THREADS)  // a warp-specialised tile's producer holds no accumulators
 #pragma unroll
     for (int mt = 0; mt < Cfg::MT; ++mt)
@@ -161,30 +204,29 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
       for (int half = 0; half < 2; ++half) {
         const int r = warp_m * Cfg::WTM + mt * 16 + (lane >> 2) + half * 8;
         const bool row_ok = r < t.rows;
-        const i64 slot = t.slot0 + r;
         const float g = gate_s[r];
         float dot = 0.f;
 #pragma unroll
         for (int nt = 0; nt < Cfg::NT; ++nt) {
-          const int col = t.n0 + warp_n * Cfg::WTN + nt * 8 + (lane & 3) * 2;
-          if (!row_ok || col >= N) continue;
+          const int c = warp_n * Cfg::WTN + nt * 8 + (lane & 3) * 2;
+          if (!row_ok || c >= cols) continue;
           const float d0 = acc[0][mt][nt][half * 2], d1 = acc[0][mt][nt][half * 2 + 1];
-          const float2 av = load_bf16x2(H + slot * (G * N) + col);
+          const float2 av = load_bf16x2(a_at(r, c));
           float h0, h1, da0, da1;
           if constexpr (G == 2) {
-            const float2 bv = load_bf16x2(H + slot * (G * N) + N + col);
+            const float2 bv = load_bf16x2(b_at(r, c));
             const float s0 = act_fwd<ACT>(av.x), s1 = act_fwd<ACT>(av.y);
             h0 = s0 * bv.x; h1 = s1 * bv.y;
             da0 = g * d0 * bv.x * act_grad<ACT>(av.x);
             da1 = g * d1 * bv.y * act_grad<ACT>(av.y);
-            store_bf16x2(dH + slot * (G * N) + N + col, g * d0 * s0, g * d1 * s1);
+            store_bf16x2(db_at(r, c), g * d0 * s0, g * d1 * s1);
           } else {
             h0 = act_fwd<ACT>(av.x); h1 = act_fwd<ACT>(av.y);
             da0 = g * d0 * act_grad<ACT>(av.x);
             da1 = g * d1 * act_grad<ACT>(av.y);
           }
-          store_bf16x2(dH + slot * (G * N) + col, da0, da1);
-          store_bf16x2(hg + slot * hg_ld + (col - hg_col0), g * h0, g * h1);
+          store_bf16x2(da_at(r, c), da0, da1);
+          store_bf16x2(h_at(r, c), g * h0, g * h1);
           dot += d0 * h0 + d1 * h1;
         }
         // The four lanes of a quad hold the same row: fixed-order butterfly, then per warp.
@@ -196,6 +238,12 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
     // persistent). Every consumer is past its gate_s reads here, so the next tile may rewrite
     // gate_s.
     if (threadIdx.x < Cfg::THREADS) gemm::consumer_sync<Cfg>();
+    if constexpr (STAGED) {  // dA, dB over the tile's H rows, hg: whole 16-byte chunks
+      sa.store(dH + row0, G * N, t.rows, cols, threadIdx.x, Cfg::THREADS);
+      if constexpr (G == 2) sb.store(dH + row0 + N, G * N, t.rows, cols, threadIdx.x, Cfg::THREADS);
+      sh.store(hg + static_cast<i64>(t.slot0) * hg_ld + (t.n0 - hg_col0), hg_ld, t.rows, cols, threadIdx.x,
+               Cfg::THREADS);
+    }
     for (int r = threadIdx.x; r < t.rows; r += Cfg::THREADS) {
       float s = 0.f;
 #pragma unroll

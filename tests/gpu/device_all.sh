@@ -3,7 +3,7 @@
 # wgmma checks, the Python GPU tests and the suite bench on the shapes in $SUITE_SHAPES.
 # Every log goes into $OUT/logs.tar.gz (the device tool returns at most 8 files); a summary
 # line per step goes to stdout and $OUT/summary.txt.
-# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws wsp tma tmaw defaults import tune tuned mem py pysuite profile tilecheck bench (default: gpu ws py bench)
+# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws wsp tma tmaw dgradstaged defaults import tune tuned mem py pysuite profile tilecheck bench (default: gpu ws py bench)
 set -u
 OUT=${OUT:-device-out}
 LOG=$OUT/logs
@@ -87,6 +87,18 @@ tmaw)  # TMA for dH (up_wgrad) and hg (down_wgrad): small checks (partial last s
     step "tmaw_bench_$p" 100 $BIN bench --preset "$p" --no-cache $TW
     step "tmawp_bench_$p" 100 $BIN bench --preset "$p" --no-cache $TWP
     step "notmaw_bench_$p" 100 $BIN bench --preset "$p" --no-cache $TW0
+  done ;;
+dgradstaged)  # branch wip/dgrad-staged: down_dgrad's epilogue through shared memory (one-tile
+  # wgmma blocks): small checks (gated, non-gated, skewed, column chunks), grad-checks, benches
+  # of the defaults (compare down_dgrad with main's: run7 call4 / call5 logs)
+  step staged_small_grad 60 $BIN grad-check -E 8 -K 2 -d 256 -n 128 -T 300
+  if [ "$LAST_RC" -ne 0 ]; then FAILED_BLOCKS="$FAILED_BLOCKS dgradstaged"; continue; fi
+  step staged_small_gelu 60 $BIN grad-check -E 64 -K 8 -d 256 -n 192 -T 1000 --router none --routing skewed --activation gelu
+  step staged_small_chunked 60 $BIN grad-check -E 8 -K 2 -d 128 -n 1000 -T 1000 --tile down_dgrad=128x256x64_w8x1_s4_ws
+  for p in ${STAGED_PRESETS-mixtral-8x7b qwen3-next-80b}; do step "staged_grad_$p" 200 $BIN grad-check --preset "$p"; done
+  for p in ${STAGED_BENCH-mixtral-8x7b deepseek-v3 qwen3-30b-a3b}; do
+    step "staged_bench_$p" 100 $BIN bench --preset "$p" --no-cache
+    step "staged_ws256_bench_$p" 100 $BIN bench --preset "$p" --no-cache --tile down_dgrad=128x256x64_w8x1_s4_ws
   done ;;
 defaults)  # grad-check every suite preset with the default tiles (n > d shapes first at a small
   # size: the forward's slot chunks and the down backward's column chunks)
