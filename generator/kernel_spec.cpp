@@ -205,9 +205,13 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
     return "the swapped tile order is for wgmma tiles of the expert GEMMs";
   if (t.tma) {
     if (!t.warp_specialized()) return "TMA tiles are warp-specialised (_ws or _wsp): the producer issues the copies";
-    if (spec.family != KernelFamily::up_proj && spec.family != KernelFamily::down_proj &&
-        spec.family != KernelFamily::up_wgrad && spec.family != KernelFamily::down_wgrad)
-      return "TMA loads are for up_proj, down_proj (weights) and the weight gradients (dH, hg)";
+    if (!is_tiled(spec.family) || !supports_persistent(spec.family))
+      return "TMA loads are for the expert GEMMs";
+    // MN-major weight stages (64 k rows) must not straddle an expert's rows or W1|W3.
+    if (spec.family == KernelFamily::down_dgrad && spec.layer.shape.hidden % 64)
+      return "TMA down_dgrad tiles need d % 64 == 0 (W2 k stages inside one expert)";
+    if (spec.family == KernelFamily::up_dgrad && spec.layer.shape.ffn % 64)
+      return "TMA up_dgrad tiles need n % 64 == 0 (W1/W3 k stages inside one matrix)";
   }
   if (t.bm % 64 || t.bn % 64 || t.bm > 256 || t.bn > 256) return "bm and bn must be 64, 128, 192 or 256";
   if (t.bm % (16 * t.warps_m) || t.bn % (8 * t.warps_n)) return "warp tiles must be multiples of 16x8";

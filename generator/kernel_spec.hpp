@@ -50,9 +50,9 @@ struct TileConfig {
   // the next tile while its consumers run the epilogue. With wgmma warps_m = bm/16,
   // warps_n = 1 (the accumulator layout of wgmma).
   int wgmma = 0;
-  // The operand that is not gathered by TMA (cp.async.bulk.tensor, templates/moeblaze/gemm/
-  // tma.cuh) instead of the producer's cp.async copies ("_tma"), on warp-specialised tiles:
-  // the weights of up_proj and down_proj, dH of up_wgrad, hg of down_wgrad.
+  // Every operand that is not gathered by TMA (cp.async.bulk.tensor, templates/moeblaze/gemm/
+  // tma.cuh) instead of the producer's cp.async copies ("_tma"), on warp-specialised tiles of
+  // the expert GEMMs: the weights, h (down_proj), dH (up_dgrad, up_wgrad), hg (down_wgrad).
   bool tma = false;
   // The other tile order of the expert GEMMs ("_swap", gemm/tile_schedule.cuh): slot-tiled
   // GEMMs walk N tiles fastest inside an expert (reusing a block of gathered rows), weight

@@ -150,7 +150,7 @@ ForwardState MoeLayer::forward(const ForwardArgs& a, CUstream stream) const {
   const TileConfig& dt = ks.get(KernelFamily::down_proj).generated.spec.tile;
   DownProjArgs down{rv, dptr<void>(a.scratch, fs.h), reinterpret_cast<const void*>(a.w2.ptr),
                     dptr<void>(a.scratch, fs.o)};
-  attach_weight_maps(down, dt, l);
+  attach_weight_maps(down, dt, l, fs.chunk_slots);
   if (fs.chunk_slots >= TK) {
     ks.launch(KernelFamily::up_proj, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream, a.observer);
     ks.launch(KernelFamily::down_proj, slot_tile_blocks(TK, dt.bm, dt.bn, E, d), down, stream, a.observer);
@@ -231,6 +231,7 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
                    H,  // dH over H
                    dptr<void>(a.scratch, bs.hg),
                    dptr<float>(a.scratch, bs.partials)};
+  attach_weight_maps(dd, dg, l);
   // 3. Weight gradients. dW2 right after each column chunk of the down dgrad, whose hg
   // columns it reads (hg is held one chunk at a time: backward_chunk_cols).
   const TileConfig& wt2 = ks.get(KernelFamily::down_wgrad).generated.spec.tile;
@@ -262,6 +263,7 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
   // 4. Token gradient: per-slot dx, then the fixed-order sum over each token's K slots.
   const TileConfig& ud = ks.get(KernelFamily::up_dgrad).generated.spec.tile;
   UpDgradArgs udg{rv, H, cptr(a.w1), cptr(a.w3), dptr<void>(a.scratch, bs.dxs)};
+  attach_weight_maps(udg, ud, l, TK);
   ks.launch(KernelFamily::up_dgrad, slot_tile_blocks(TK, ud.bm, ud.bn, E, d), udg, stream, a.observer);
   CombineArgs sum{rv.token_index_map, nullptr, dptr<void>(a.scratch, bs.dxs), T, dptr<void>(a.dx)};
   ks.launch(KernelFamily::combine, T, sum, stream, a.observer);

@@ -49,10 +49,27 @@ void attach_weight_maps(UpProjArgs& up, const TileConfig& t, const LayerConfig& 
   up.tma_w1 = encode_weight_map(reinterpret_cast<CUdeviceptr>(up.w1), rows, l.shape.hidden, t.bn, "w1");
   if (up.w3) up.tma_w3 = encode_weight_map(reinterpret_cast<CUdeviceptr>(up.w3), rows, l.shape.hidden, t.bn, "w3");
 }
-void attach_weight_maps(DownProjArgs& down, const TileConfig& t, const LayerConfig& l) {
+// h_rows: rows of the h buffer (one forward chunk).
+void attach_weight_maps(DownProjArgs& down, const TileConfig& t, const LayerConfig& l, int64_t h_rows) {
   if (!t.tma) return;
   const int64_t rows = int64_t{l.shape.experts} * l.shape.hidden;
   down.tma_w2 = encode_weight_map(reinterpret_cast<CUdeviceptr>(down.w2), rows, l.shape.ffn, t.bn, "w2");
+  down.tma_h = encode_weight_map(reinterpret_cast<CUdeviceptr>(down.h), h_rows, l.shape.ffn, t.bm, "h");
+}
+// Backward: W2 for the down dgrad ([E*d, n], 64x64 boxes of MN-major k stages); dH ([T*K, G*n],
+// [bm][64] boxes) and W1/W3 ([E*n, d], 64x64 boxes) for the up dgrad.
+void attach_weight_maps(DownDgradArgs& dd, const TileConfig& t, const LayerConfig& l) {
+  if (!t.tma) return;
+  const int64_t rows = int64_t{l.shape.experts} * l.shape.hidden;
+  dd.tma_w2 = encode_weight_map(reinterpret_cast<CUdeviceptr>(dd.w2), rows, l.shape.ffn, 64, "w2");
+}
+void attach_weight_maps(UpDgradArgs& ud, const TileConfig& t, const LayerConfig& l, int64_t slots) {
+  if (!t.tma) return;
+  const int64_t rows = int64_t{l.shape.experts} * l.shape.ffn;
+  ud.tma_dh = encode_weight_map(reinterpret_cast<CUdeviceptr>(ud.dH), slots, int64_t{l.gate_parts()} * l.shape.ffn,
+                                t.bm, "dH");
+  ud.tma_w1 = encode_weight_map(reinterpret_cast<CUdeviceptr>(ud.w1), rows, l.shape.hidden, 64, "w1");
+  if (ud.w3) ud.tma_w3 = encode_weight_map(reinterpret_cast<CUdeviceptr>(ud.w3), rows, l.shape.hidden, 64, "w3");
 }
 // up_wgrad reads dH (A: [T*K, G*n]), down_wgrad hg (B: [T*K, cols], rows ld apart) by TMA.
 void attach_dh_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols) {

@@ -87,9 +87,11 @@ MB_DEV void down_proj(const DownProjArgs& p) {
     const bf16_t* w2 = static_cast<const bf16_t*>(p.w2);
     const gemm::Rows a{h + static_cast<i64>(t.slot0 - p.slot_lo) * N, nullptr, t.rows, N, N};
     float acc[1][Cfg::MT][Cfg::NT][4];
-    if constexpr (Cfg::TMA) {  // W2 rows [e*D + n0, +BN) of the [E*D, N] map
+    if constexpr (Cfg::TMA) {  // W2 rows [e*D + n0, +BN) of the [E*D, N] map; h rows of the
+      // tile from the h buffer's map (rows past the tile feed output rows that are not stored)
+      const gemm::TmaRows<1> at{{&p.tma_h}, t.slot0 - p.slot_lo};
       const gemm::TmaRows<1> b{{&p.tma_w2}, t.expert * D + t.n0};
-      gemm::run_mainloop<Cfg, true, true>(acc, a, b, N, gemm::dynamic_smem(), pipe, role);
+      gemm::run_mainloop<Cfg, true, true>(acc, at, b, N, gemm::dynamic_smem(), pipe, role);
     } else {
       const gemm::Rows b{w2 + (static_cast<i64>(t.expert) * D + t.n0) * N, nullptr,
                          D - t.n0 < Cfg::BN ? D - t.n0 : Cfg::BN, N, N};
@@ -151,7 +153,12 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
     if constexpr (decltype(role)::kComputes)
       for (int r = threadIdx.x; r < Cfg::BM; r += Cfg::THREADS)
         gate_s[r] = r < t.rows ? slot_gate<K>(p.rv, t.slot0 + r, t.expert) : 0.f;
-    gemm::run_mainloop<Cfg, true, false>(acc, a, b, D, gemm::dynamic_smem(), pipe, role);
+    if constexpr (Cfg::TMA) {  // W2_e's k rows [k0, +64) of the [E*D, N] map (D % 64 == 0)
+      const gemm::TmaMnWeights<1> bt{{&p.tma_w2}, t.expert * D, D, t.n0};
+      gemm::run_mainloop<Cfg, true, false>(acc, a, bt, D, gemm::dynamic_smem(), pipe, role);
+    } else {
+      gemm::run_mainloop<Cfg, true, false>(acc, a, b, D, gemm::dynamic_smem(), pipe, role);
+    }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
 
     const bf16_t* H = static_cast<const bf16_t*>(p.H);
@@ -348,7 +355,18 @@ MB_DEV void up_dgrad(const UpDgradArgs& p) {
                               G == 2 ? static_cast<const bf16_t*>(p.w3) + w_off : nullptr,
                               N, N, G == 2 ? N : 0, D, D - t.n0};
     float acc[1][Cfg::MT][Cfg::NT][4];
-    gemm::run_mainloop<Cfg, true, false>(acc, a, b, G * N, gemm::dynamic_smem(), pipe, role);
+    if constexpr (Cfg::TMA) {  // dH rows of the tile; W1_e then W3_e k rows (N % 64 == 0)
+      const gemm::TmaRows<1> at{{&p.tma_dh}, t.slot0};
+      gemm::TmaMnWeights<G> bt;
+      bt.map[0] = &p.tma_w1;
+      if constexpr (G == 2) bt.map[G - 1] = &p.tma_w3;
+      bt.row_base = t.expert * N;
+      bt.split = N;
+      bt.col0 = t.n0;
+      gemm::run_mainloop<Cfg, true, false>(acc, at, bt, G * N, gemm::dynamic_smem(), pipe, role);
+    } else {
+      gemm::run_mainloop<Cfg, true, false>(acc, a, b, G * N, gemm::dynamic_smem(), pipe, role);
+    }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
     bf16_t* dxs = static_cast<bf16_t*>(p.dxs);
     gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {

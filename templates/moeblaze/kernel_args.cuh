@@ -89,6 +89,7 @@ struct DownProjArgs {
   void* o;               // [T*K, d] expert outputs (gate applied in the combine)
   TmaMap tma_w2;         // TMA tiles only: W2 as [E*d, n], box [BN rows][64 k]
   int slot_lo, slot_hi;  // slot_hi > 0: only the slots [slot_lo, slot_hi); h row = slot - slot_lo
+  TmaMap tma_h;          // TMA tiles only: h as [rows of the h buffer, n], box [BM rows][64 k]
 };
 
 struct CombineArgs {     // y_t = sum_j g_tj * rows[token_index_map[t,j]]; also dx gather-sum
@@ -111,6 +112,7 @@ struct DownDgradArgs {
   int n_tile_lo, n_tiles;  // n_tiles > 0: only N tiles [n_tile_lo, +n_tiles) (a backward column
                            // chunk); hg then holds their columns, rows hg_ld apart
   int hg_ld;
+  TmaMap tma_w2;           // TMA tiles only: W2 as [E*d, n], boxes [64 k][64 columns]
 };
 
 struct GateGradArgs {
@@ -139,6 +141,8 @@ struct UpDgradArgs {
   const void* w1;
   const void* w3;
   void* dxs;             // [T*K, d] per-slot dx
+  TmaMap tma_dh;         // TMA tiles only: dH as [T*K, G*n], box [BM rows][64 k]
+  TmaMap tma_w1, tma_w3;  // TMA tiles only: W1, W3 as [E*n, d], boxes [64 k][64 columns]
 };
 
 // ---- router GEMMs (dense, one group) ------------------------------------------------------

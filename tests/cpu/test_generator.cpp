@@ -283,9 +283,13 @@ TEST_CASE("generator: TMA tiles (up_proj, down_proj, up_wgrad, down_wgrad) compi
   CHECK_THROWS_AS(TileConfig::parse("128x256x64_w8x1_s4_tma"), InvalidArgument);
   CHECK_THROWS_AS(TileConfig::parse("128x256x64_w8x1_s4_ws_tmax"), InvalidArgument);
   const LayerConfig q = find_preset("qwen3-30b-a3b").layer;
-  CHECK(legality_problem(KernelSpec{KernelFamily::up_dgrad, q, down_ws, "sm_90a"}) ==
-        "TMA loads are for up_proj, down_proj (weights) and the weight gradients (dH, hg)");
-  CHECK(legality_problem(KernelSpec{KernelFamily::up_wgrad, q, down_ws, "sm_90a"}).empty());
+  CHECK(legality_problem(KernelSpec{KernelFamily::router_dgrad, q, down_ws, "sm_90a"}) ==
+        "TMA loads are for the expert GEMMs");
+  for (KernelFamily f : {KernelFamily::up_wgrad, KernelFamily::down_wgrad, KernelFamily::up_dgrad, KernelFamily::down_dgrad})
+    CHECK(legality_problem(KernelSpec{f, q, down_ws, "sm_90a"}).empty());
+  LayerConfig odd = q;
+  odd.shape.ffn = 776;  // W1/W3 k stages would straddle the two matrices
+  CHECK(legality_problem(KernelSpec{KernelFamily::up_dgrad, odd, down_ws, "sm_90a"}).find("n % 64") != std::string::npos);
   TileConfig wg_tma = wgmma_tile(128, 128, 4);
   wg_tma.tma = true;
   CHECK(legality_problem(KernelSpec{KernelFamily::up_proj, q, wg_tma, "sm_90a"}).find("warp-specialised") !=
@@ -297,7 +301,9 @@ TEST_CASE("generator: TMA tiles (up_proj, down_proj, up_wgrad, down_wgrad) compi
                                           {KernelFamily::down_proj, p.layer, down_ws, "sm_90a"},
                                           {KernelFamily::down_proj, p.layer, down_wsp, "sm_90a"},
                                           {KernelFamily::up_wgrad, p.layer, down_ws, "sm_90a"},
-                                          {KernelFamily::down_wgrad, p.layer, down_wsp, "sm_90a"}};
+                                          {KernelFamily::down_wgrad, p.layer, down_wsp, "sm_90a"},
+                                          {KernelFamily::up_dgrad, p.layer, down_ws, "sm_90a"},
+                                          {KernelFamily::down_dgrad, p.layer, down_ws, "sm_90a"}};
       for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), legality_problem(s));
       const auto built = compile_all(specs, 0, true);
       check_compiled_without_spills(built);

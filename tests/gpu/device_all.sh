@@ -3,7 +3,7 @@
 # wgmma checks, the Python GPU tests and the suite bench on the shapes in $SUITE_SHAPES.
 # Every log goes into $OUT/logs.tar.gz (the device tool returns at most 8 files); a summary
 # line per step goes to stdout and $OUT/summary.txt.
-# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws wsp tma tmaw dgradstaged defaults import tune tuned mem py pysuite profile tilecheck bench (default: gpu ws py bench)
+# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws wsp tma tmaw tmaall dgradstaged defaults import tune tuned mem py pysuite profile tilecheck bench (default: gpu ws py bench)
 set -u
 OUT=${OUT:-device-out}
 LOG=$OUT/logs
@@ -88,7 +88,7 @@ tmaw)  # TMA for dH (up_wgrad) and hg (down_wgrad): small checks (partial last s
     step "tmawp_bench_$p" 100 $BIN bench --preset "$p" --no-cache $TWP
     step "notmaw_bench_$p" 100 $BIN bench --preset "$p" --no-cache $TW0
   done ;;
-dgradstaged)  # branch wip/dgrad-staged: down_dgrad's epilogue through shared memory (one-tile
+dgradstaged)  # down_dgrad's epilogue through shared memory (one-tile
   # wgmma blocks): small checks (gated, non-gated, skewed, column chunks), grad-checks, benches
   # of the defaults (compare down_dgrad with main's: run7 call4 / call5 logs)
   step staged_small_grad 60 $BIN grad-check -E 8 -K 2 -d 256 -n 128 -T 300
@@ -99,6 +99,22 @@ dgradstaged)  # branch wip/dgrad-staged: down_dgrad's epilogue through shared me
   for p in ${STAGED_BENCH-mixtral-8x7b deepseek-v3 qwen3-30b-a3b}; do
     step "staged_bench_$p" 100 $BIN bench --preset "$p" --no-cache
     step "staged_ws256_bench_$p" 100 $BIN bench --preset "$p" --no-cache --tile down_dgrad=128x256x64_w8x1_s4_ws
+  done ;;
+tmaall)  # TMA for down_proj's h (default tile), up_dgrad's dH and W1/W3,
+  # down_dgrad's W2; small checks, grad-checks on $TMA_PRESETS, benches against the same tiles
+  # without TMA on $TMAW_BENCH
+  TD="--tile up_dgrad=128x256x64_w8x1_s4_ws_tma --tile down_dgrad=128x256x64_w8x1_s4_ws_tma"
+  TDP="--tile up_dgrad=128x256x64_w8x1_s4_wsp_tma --tile down_dgrad=128x256x64_w8x1_s4_wsp_tma"
+  TD0="--tile up_dgrad=128x256x64_w8x1_s4_ws --tile down_dgrad=128x256x64_w8x1_s4_ws"
+  step tmaall_small_fwd 60 $BIN forward-check -E 8 -K 2 -d 256 -n 128 -T 300
+  if [ "$LAST_RC" -ne 0 ]; then FAILED_BLOCKS="$FAILED_BLOCKS tmaall"; continue; fi
+  step tmaall_small_grad 60 $BIN grad-check -E 60 -K 4 -d 192 -n 256 -T 777 --activation geglu $TD
+  step tmaallp_small_skew 60 $BIN grad-check -E 64 -K 8 -d 256 -n 192 -T 1000 --router none --routing skewed --activation silu $TDP
+  for p in ${TMA_PRESETS-qwen3-next-80b mixtral-8x7b}; do step "tmaall_grad_$p" 200 $BIN grad-check --preset "$p" $TD; done
+  for p in ${TMAW_BENCH-mixtral-8x7b deepseek-v3}; do
+    step "tmaall_bench_$p" 100 $BIN bench --preset "$p" --no-cache $TD
+    step "tmaallp_bench_$p" 100 $BIN bench --preset "$p" --no-cache $TDP
+    step "notmaall_bench_$p" 100 $BIN bench --preset "$p" --no-cache $TD0
   done ;;
 defaults)  # grad-check every suite preset with the default tiles (n > d shapes first at a small
   # size: the forward's slot chunks and the down backward's column chunks)

@@ -54,6 +54,17 @@ struct TmaMnRows {
   Fallback rows;
 };
 
+// An MN-major weight read by TMA: k rows of an expert's matrix, PARTS matrices stacked along
+// k (up dgrad: W1 for k < split, then W3), each viewed as [E*rows_per_expert, cols]; stage
+// tile [64 k][COLS] as COLS/64 boxes of [64][64] at (col0 + 64j, row_base + k0 - part*split).
+// A stage never straddles the split or the expert's last row (the tile is legal only when the
+// split and the row count are multiples of 64), so no stage needs a fallback.
+template <int PARTS>
+struct TmaMnWeights {
+  const TmaMap* map[PARTS];
+  int row_base, split, col0;
+};
+
 // The producer-side loader of a TMA operand, the StageLoader interface plus the barrier:
 // thread 0 of the producer announces the stage's bytes on `bar` and issues the boxes.
 template <int ROWS_PER_PART, int PARTS>
@@ -101,6 +112,29 @@ struct TmaMnStageLoader {
   }
 };
 
+template <int ROWS, int COLS, int PARTS>
+struct TmaMnWeightLoader {
+  static_assert(COLS % 64 == 0 && ROWS == 64, "MN-major TMA stages are [64 k][64-column blocks]");
+  static constexpr unsigned BYTES = ROWS * COLS * 2;
+  const TmaMnWeights<PARTS>& src;
+  bool issuer;
+  MB_DEV TmaMnWeightLoader(const TmaMnWeights<PARTS>& s, int ptid) : src(s), issuer(ptid == 0) {
+    if (issuer)
+#pragma unroll
+      for (int p = 0; p < PARTS; ++p) tma_prefetch_map(s.map[p]);
+  }
+  MB_DEV void fetch(int) {}
+  MB_DEV void load(bf16_t* smem, int k0, mbar_t* bar) const {
+    if (!issuer) return;
+    const bool second = PARTS > 1 && k0 >= src.split;
+    const int row = src.row_base + k0 - (second ? src.split : 0);
+    const TmaMap* map = second ? src.map[PARTS - 1] : src.map[0];  // no dynamic index: no stack
+    mbar_expect_tx(bar, BYTES);
+#pragma unroll
+    for (int j = 0; j < COLS / 64; ++j) tma_load_2d(smem + j * ROWS * 64, map, src.col0 + 64 * j, row, bar);
+  }
+};
+
 // The loader of one operand of a warp-specialised stage: TMA for TmaRows (K-major) and
 // TmaMnRows (MN-major) sources, the cp.async StageLoader otherwise.
 template <int ROWS, int COLS, int THREADS, bool KMAJOR, class Src>
@@ -116,6 +150,12 @@ struct LoaderFor<ROWS, COLS, THREADS, true, TmaRows<P>> {
 template <int ROWS, int COLS, int THREADS, class F>
 struct LoaderFor<ROWS, COLS, THREADS, false, TmaMnRows<F>> {
   using type = TmaMnStageLoader<ROWS, COLS, THREADS, F>;
+  static constexpr bool kTma = true;
+};
+
+template <int ROWS, int COLS, int THREADS, int P>
+struct LoaderFor<ROWS, COLS, THREADS, false, TmaMnWeights<P>> {
+  using type = TmaMnWeightLoader<ROWS, COLS, P>;
   static constexpr bool kTma = true;
 };
 
