@@ -8,22 +8,29 @@ bool is_hopper(const std::string& arch) { return arch == "sm_90a"; }
 
 TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std::string& arch) {
   if (is_hopper(arch) && is_tiled(family)) {
-    // wgmma: the winners of `moeblaze tune` on the suite shapes (bench/NOTES.md v0.4,
-    // 2026-11-30). Warp-specialised 128x256 wherever the producer's loads are a pointer and a
-    // stride per stage (both forward GEMMs, up_dgrad, down_wgrad); the shared pipeline at 3
-    // stages elsewhere, where two blocks fit on an SM and one's epilogue overlaps the other's
-    // mainloop (down_dgrad's heavy epilogue, up_wgrad's gathered MN-major rows). The forward
-    // GEMMs: persistent with the weights by TMA (device call 3 of 2026-11-30, fourth session:
-    // mixtral up_proj 14.9 -> 13.1 ms, down_proj 6.5 -> 5.5 ms against the cp.async `_ws`).
-    auto tma = [](TileConfig t) {
-      t.tma = true;
-      return t;
+    // wgmma: the winners of `moeblaze tune` on the suite shapes (bench/NOTES.md v0.4-v0.6,
+    // 2026-11-30), TMA for every operand that is not gathered. Warp-specialised 128x256
+    // wherever the producer's loads are TMA boxes or a pointer and a stride per stage; the
+    // shared pipeline at 3 stages for down_dgrad, where two blocks fit on an SM and one's
+    // heavy epilogue (H in, dA/dB/hg out, staged through shared memory) overlaps the other's
+    // mainloop. Device calls behind them (mixtral-8x7b, ms): up_proj 14.9 -> 13.1 and
+    // down_proj 6.5 -> 5.5 (`_wsp_tma` against `_ws`, fourth session); session five, call 1:
+    // up_wgrad 18.7 (`_wg` 128x128) -> 16.2 `_wsp_tma` (deepseek-v3 28.5, level with `_wg`),
+    // down_wgrad 9.0 -> 7.4 `_wsp_tma` (deepseek-v3 15.2 -> 12.5), up_dgrad 12.4 -> 10.7
+    // `_ws_tma`.
+    // TMA where the layer allows it (e.g. up_dgrad's MN-major weight boxes need n % 64 == 0);
+    // elsewhere the same tile with cp.async loads.
+    auto tma = [&](TileConfig t) {
+      TileConfig with = t;
+      with.tma = true;
+      return legality_problem(KernelSpec{family, layer, with, arch}).empty() ? with : t;
     };
     switch (family) {
       case KernelFamily::up_proj: return tma(wgmma_tile(128, 128, 4, true, true));  // gated: 2 x 128 columns
-      case KernelFamily::down_proj: return tma(wgmma_tile(128, 256, 4, true, true));
-      case KernelFamily::up_dgrad:
-      case KernelFamily::down_wgrad: return wgmma_tile(128, 256, 4, true);
+      case KernelFamily::down_proj:
+      case KernelFamily::up_wgrad:
+      case KernelFamily::down_wgrad: return tma(wgmma_tile(128, 256, 4, true, true));
+      case KernelFamily::up_dgrad: return tma(wgmma_tile(128, 256, 4, true));
       case KernelFamily::router_logits:
       case KernelFamily::router_wgrad: return wgmma_tile(128, 64, 4);
       default: return wgmma_tile(128, 128, 3);
