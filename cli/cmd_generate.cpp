@@ -57,7 +57,7 @@ Command generate_command() {
     CLI::App* app = nullptr;
     ShapeOptions shape;
     std::string arch = "sm_90a";
-    bool json = false, show_source = false;
+    bool json = false, show_source = false, check_only = false;
     std::vector<std::string> tiles;
     std::string ptx_dir;
   };
@@ -71,6 +71,9 @@ Command generate_command() {
     st->app->add_flag("--source", st->show_source, "print each generated instantiation source");
     st->app->add_option("--tile", st->tiles, "FAMILY=TILE: another tile for a family (e.g. up_proj=128x128x64_w8x1_s3_wg)");
     st->app->add_option("--ptx-dir", st->ptx_dir, "write each kernel's PTX to DIR/<kernel>.ptx (created if missing)");
+    st->app->add_flag("--check-only", st->check_only,
+                      "check that every kernel's tile is legal for the layer and generate its source, without "
+                      "compiling (fast; what tests/gpu/device_all.sh DRY_RUN=1 runs)");
   };
   c.selected = [st] { return st->app->parsed(); };
   c.run = [st] {
@@ -79,6 +82,11 @@ Command generate_command() {
     for (const auto& [f, tile] : parse_tiles(st->tiles, "--tile"))
       for (auto& s : specs)  // gate_grad sums down_dgrad's N tiles: it follows down_dgrad
         if (s.family == f || (f == KernelFamily::down_dgrad && s.family == KernelFamily::gate_grad)) s.tile = tile;
+    if (st->check_only) {  // generate() throws InvalidArgument("tile", why) on an illegal tile
+      for (const auto& s : specs) (void)generate(s);
+      fmt::print("{} for {}: {} kernels, every tile legal\n", layer.describe(), st->arch, specs.size());
+      return 0;
+    }
     if (!st->ptx_dir.empty()) {
       std::error_code ec;
       std::filesystem::create_directories(st->ptx_dir, ec);

@@ -45,6 +45,8 @@ check "generate plain activation" 0 "0 with spills" "$BIN" generate $SMALL --act
 check "generate wgmma tiles" 0 "up_proj .* wgmma .*_wg" "$BIN" generate --preset qwen3-30b-a3b --tile up_proj=128x128x64_w8x1_s3_wg --tile down_proj=128x256x64_w8x1_s3_wg
 check "generate ws tiles" 0 "up_wgrad .* wgmma .*_ws" "$BIN" generate --preset qwen3-30b-a3b --tile up_wgrad=128x128x64_w8x1_s4_ws
 check "generate --ptx-dir" 0 "16 kernels compiled" "$BIN" generate --preset qwen3-30b-a3b --ptx-dir "$TMP/ptx"
+check "generate --check-only" 0 "16 kernels, every tile legal" "$BIN" generate --check-only --preset mixtral-8x7b --tile up_wgrad=128x256x64_w8x1_s4_wsp_tma_swap
+check "generate --check-only illegal tile" 2 "tile: .*down_dgrad: TMA down_dgrad tiles need d % 64" "$BIN" generate --check-only -E 60 -K 4 -d 136 -n 200 --tile down_dgrad=128x256x64_w8x1_s4_ws_tma
 check "ptx written" 0 "wgmma.mma_async" grep -h -m1 -o "wgmma.mma_async" "$TMP/ptx/mb_up_proj_E128_K8_d2048_n768_swiglu_128x128x64_w8x1_s4_wsp_tma.ptx"
 check "default up_proj loads W1/W3 by TMA" 0 "cp.async.bulk.tensor" grep -h -m1 -o "cp.async.bulk.tensor" "$TMP/ptx/mb_up_proj_E128_K8_d2048_n768_swiglu_128x128x64_w8x1_s4_wsp_tma.ptx"
 touch "$TMP/not_a_dir"

@@ -16,13 +16,37 @@ export MOEBLAZE_LIBRARY=$PWD/$BUILD/lib/libmoeblaze_c.so PYTHONPATH=$PWD/python 
 export MOEBLAZE_CACHE=${MOEBLAZE_CACHE:-/tmp/moeblaze-cache.db}
 BIN=$BUILD/bin/moeblaze
 steps=${*:-gpu ws py bench}
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$LOG/gpu.txt"
+[ -n "${DRY_RUN:-}" ] || nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$LOG/gpu.txt"
 # DEADLINE_S: seconds from now after which no step runs on (each step's timeout is cut to
 # fit), so a device call ends inside its limit with every log packed.
 T_END=$(( $(date +%s) + ${DEADLINE_S:-3600} ))
 pack() { tar czf "$OUT/logs.tar.gz" -C "$OUT" logs; }
+# DRY_RUN=1 (no GPU needed): the checks and benches of the chosen steps become
+# `moeblaze generate --check-only` on the same shape and tiles (every tile legal for its
+# layer?) and everything else is skipped: run before spending a device call on new steps.
+dry_command() {  # prints the check-only command for a moeblaze check or bench, nothing otherwise
+  [ "$1" = "$BIN" ] || return 0
+  case ${2:-} in forward-check|grad-check|bench) ;; *) return 0 ;; esac
+  shift 2
+  local out="$BIN generate --check-only"
+  while [ $# -gt 0 ]; do
+    case $1 in
+      -E|-K|-d|-n|--activation|--router|--preset|--tile|--route-scale) out="$out $1 $2"; shift 2 ;;
+      --renormalize) out="$out $1"; shift ;;
+      -T|--mode|--routing|--steps|--samples|--seed|--db) shift 2 ;;
+      *) shift ;;  # flags: --no-cache, --tuned, --accumulate-fp32, --json
+    esac
+  done
+  echo "$out"
+}
 step() {  # step NAME TIMEOUT CMD...
   local name=$1 limit=$2; shift 2
+  if [ -n "${DRY_RUN:-}" ]; then
+    local dry
+    dry=$(dry_command "$@")
+    if [ -z "$dry" ]; then echo "$name: dry run, skipped" | tee -a "$OUT/summary.txt"; LAST_RC=0; return; fi
+    set -- $dry
+  fi
   local t0=$(date +%s)
   local left=$(( T_END - t0 ))
   [ "$left" -lt "$limit" ] && limit=$left
@@ -30,7 +54,7 @@ step() {  # step NAME TIMEOUT CMD...
   timeout "$limit" "$@" > "$LOG/$name.log" 2>&1
   local rc=$?
   printf '%-34s rc=%-3s %4ss | %s\n' "$name" "$rc" "$(( $(date +%s) - t0 ))" \
-    "$(grep -E '^(PASS|FAIL)|step .* ms|passed|failed' "$LOG/$name.log" | tail -n 3 | tr '\n' ' ' | cut -c1-220)" \
+    "$(grep -E '^(PASS|FAIL)|step .* ms|passed|failed|every tile legal' "$LOG/$name.log" | tail -n 3 | tr '\n' ' ' | cut -c1-220)" \
     | tee -a "$OUT/summary.txt"
   [ $rc -eq 0 ] || tail -n 15 "$LOG/$name.log"
   LAST_RC=$rc
@@ -130,8 +154,10 @@ tune)  # tune the presets into $MOEBLAZE_CACHE (the suite and the CLI bench then
   done
   # The tuned cache comes back (carry it as build/tuned.db and set MOEBLAZE_CACHE to reuse it).
   # Files come back up to 16 MiB: drop unreferenced binaries (the losers) first.
-  $BIN cache gc --max-mb 14 > "$LOG/cache_gc.log" 2>&1
-  $BIN cache export "$OUT/tuned.db" >> "$LOG/cache_gc.log" 2>&1 ;;
+  if [ -z "${DRY_RUN:-}" ]; then
+    $BIN cache gc --max-mb 14 > "$LOG/cache_gc.log" 2>&1
+    $BIN cache export "$OUT/tuned.db" >> "$LOG/cache_gc.log" 2>&1
+  fi ;;
 import)  # take the winners of an earlier call's tune (build/tuned.db, carried) into $MOEBLAZE_CACHE
   step cache_import 60 $BIN cache import build/tuned.db ;;
 tuned)  # grad-check the tuned kernels of the presets (after tune)
