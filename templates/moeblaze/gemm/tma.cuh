@@ -33,6 +33,19 @@ MB_DEV void tma_load_2d(bf16_t* smem, const TmaMap* map, int k, int row, mbar_t*
 MB_DEV void tma_prefetch_map(const TmaMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
 }
+template <int P>
+MB_DEV void tma_prefetch_maps(const TmaMap* const (&maps)[P]) {
+#pragma unroll
+  for (int p = 0; p < P; ++p) tma_prefetch_map(maps[p]);
+}
+
+// An MN-major stage [ROWS k][COLS] from one map: COLS/64 boxes of [ROWS][64] (one block of
+// the blocked layout each) at (col0 + 64j, row).
+template <int ROWS, int COLS>
+MB_DEV void tma_load_mn_stage(bf16_t* smem, const TmaMap* map, int col0, int row, mbar_t* bar) {
+#pragma unroll
+  for (int j = 0; j < COLS / 64; ++j) tma_load_2d(smem + j * ROWS * 64, map, col0 + 64 * j, row, bar);
+}
 
 // A K-major operand read by TMA: PARTS tensor maps (W1 and W3 stacked: 2), each giving a
 // [rows][64] box at row `row` of the map's [E*rows_per_expert, k] view.
@@ -73,9 +86,7 @@ struct TmaStageLoader {
   const TmaRows<PARTS>& src;
   bool issuer;
   MB_DEV TmaStageLoader(const TmaRows<PARTS>& s, int ptid) : src(s), issuer(ptid == 0) {
-    if (issuer)
-#pragma unroll
-      for (int p = 0; p < PARTS; ++p) tma_prefetch_map(s.map[p]);
+    if (issuer) tma_prefetch_maps(s.map);
   }
   MB_DEV void fetch(int) {}
   MB_DEV void load(bf16_t* smem, int k0, mbar_t* bar) const {
@@ -103,8 +114,7 @@ struct TmaMnStageLoader {
     if (k0 + ROWS <= src.count) {
       if (!issuer) return;
       mbar_expect_tx(bar, BYTES);
-#pragma unroll
-      for (int j = 0; j < COLS / 64; ++j) tma_load_2d(smem + j * ROWS * 64, src.map, src.col0 + 64 * j, src.row0 + k0, bar);
+      tma_load_mn_stage<ROWS, COLS>(smem, src.map, src.col0, src.row0 + k0, bar);
     } else {
       tail.fetch(k0);
       tail.load(smem, k0);
@@ -119,9 +129,7 @@ struct TmaMnWeightLoader {
   const TmaMnWeights<PARTS>& src;
   bool issuer;
   MB_DEV TmaMnWeightLoader(const TmaMnWeights<PARTS>& s, int ptid) : src(s), issuer(ptid == 0) {
-    if (issuer)
-#pragma unroll
-      for (int p = 0; p < PARTS; ++p) tma_prefetch_map(s.map[p]);
+    if (issuer) tma_prefetch_maps(s.map);
   }
   MB_DEV void fetch(int) {}
   MB_DEV void load(bf16_t* smem, int k0, mbar_t* bar) const {
@@ -130,8 +138,7 @@ struct TmaMnWeightLoader {
     const int row = src.row_base + k0 - (second ? src.split : 0);
     const TmaMap* map = second ? src.map[PARTS - 1] : src.map[0];  // no dynamic index: no stack
     mbar_expect_tx(bar, BYTES);
-#pragma unroll
-    for (int j = 0; j < COLS / 64; ++j) tma_load_2d(smem + j * ROWS * 64, map, src.col0 + 64 * j, row, bar);
+    tma_load_mn_stage<ROWS, COLS>(smem, map, src.col0, row, bar);
   }
 };
 
