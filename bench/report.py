@@ -7,6 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
+from tile_cost import table_lines, tile_costs
+
 SUITE = json.loads((Path(__file__).resolve().parent / "suite.json").read_text())["shapes"]
 
 
@@ -57,6 +59,12 @@ def write_table(res, path):
         for kk in k["kernels"]:
             lines.append(f"| {kk['family']} | {kk['tile']} | {kk['ms']:.3f} | {kk['floor_ms']:.3f} | {kk['tflops']:.0f} | {kk['gbps']:.0f} |")
         lines.append(f"\nC++ step {k['step_ms']:.2f} ms (the binding's own step is in the table above).")
+    costs = tile_costs(res, SUITE)
+    if costs:
+        lines += ["", "## Per-tile cost model (bench/tile_cost.py)", "",
+                  "One SM's time per output tile, fitted across the shapes as overhead + k_steps x step "
+                  "(random routing's tile counts): the overhead is what a tile costs beyond its mainloop, "
+                  "the k-step rate what the mainloop runs at.", ""] + table_lines(costs)
     path.write_text("\n".join(lines) + "\n")
 
 

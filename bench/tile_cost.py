@@ -99,6 +99,16 @@ def tile_costs(results, shapes, sms=132):
     return out
 
 
+def table_lines(rows):
+    """The fitted rows as a markdown table."""
+    lines = ["| family | tile | overhead us/tile | us/k-step | k-step rate TFLOP/s | max resid | us/tile by shape (k-steps) |",
+             "|---|---|---|---|---|---|---|"]
+    for family, tile, b, step, tflops, resid, pts in rows:
+        by_shape = ", ".join(f"{s} {us:.1f} ({k})" for s, k, us in sorted(pts, key=lambda p: p[1]))
+        lines.append(f"| {family} | {tile} | {b:.1f} | {step:.2f} | {tflops:.0f} | {resid:.0%} | {by_shape} |")
+    return lines
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", help="a suite run's results.json")
@@ -111,11 +121,7 @@ def main(argv=None):
     if not rows:
         print("no (family, tile) ran on three shapes of two depths: nothing to fit")
         return 1
-    print("| family | tile | overhead us/tile | us/k-step | k-step rate TFLOP/s | max resid | us/tile by shape (k-steps) |")
-    print("|---|---|---|---|---|---|---|")
-    for family, tile, b, step, tflops, resid, pts in rows:
-        by_shape = ", ".join(f"{s} {us:.1f} ({k})" for s, k, us in sorted(pts, key=lambda p: p[1]))
-        print(f"| {family} | {tile} | {b:.1f} | {step:.2f} | {tflops:.0f} | {resid:.0%} | {by_shape} |")
+    print("\n".join(table_lines(rows)))
     return 0
 
 
