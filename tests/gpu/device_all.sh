@@ -56,10 +56,11 @@ step() {  # step NAME TIMEOUT CMD...
   printf '%-34s rc=%-3s %4ss | %s\n' "$name" "$rc" "$(( $(date +%s) - t0 ))" \
     "$(grep -E '^(PASS|FAIL)|step .* ms|passed|failed|every tile legal' "$LOG/$name.log" | tail -n 3 | tr '\n' ' ' | cut -c1-220)" \
     | tee -a "$OUT/summary.txt"
-  [ $rc -eq 0 ] || tail -n 15 "$LOG/$name.log"
+  [ $rc -eq 0 ] || { tail -n 15 "$LOG/$name.log"; STEP_FAILS=$((STEP_FAILS + 1)); }
   LAST_RC=$rc
   pack
 }
+STEP_FAILS=0      # steps that exited non-zero so far (a step kind's checks compare it before/after)
 FAILED_BLOCKS=""  # tile kinds whose first check failed: their other checks and tune are skipped
 for s in $steps; do case $s in
 gpu) step gpu_tests 240 $BUILD/bin/moeblaze_gpu_tests ;;
