@@ -115,8 +115,18 @@ def main(argv=None):
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--suite", default=str(HERE / "suite.json"))
     a = ap.parse_args(argv)
-    results = json.loads(pathlib.Path(a.results).read_text())
-    shapes = json.loads(pathlib.Path(a.suite).read_text())["shapes"]
+    if a.sms < 1:
+        ap.error(f"--sms: {a.sms} must be at least 1")
+    try:
+        results = json.loads(pathlib.Path(a.results).read_text())
+    except (OSError, ValueError) as e:
+        ap.error(f"results: cannot read '{a.results}' as a suite results.json ({e})")
+    try:
+        shapes = json.loads(pathlib.Path(a.suite).read_text())["shapes"]
+    except (OSError, ValueError, KeyError) as e:
+        ap.error(f"--suite: cannot read the suite's shapes from '{a.suite}' ({e})")
+    if not isinstance(results, dict) or not isinstance(results.get("kernels", {}), dict):
+        ap.error(f"results: '{a.results}' has no per-kernel tables (a suite run's results.json has a 'kernels' object)")
     rows = tile_costs(results, shapes, a.sms)
     if not rows:
         print("no (family, tile) ran on three shapes of two depths: nothing to fit")

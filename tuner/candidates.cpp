@@ -25,8 +25,8 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
     all.push_back(t);
   };
   // The TMA variant of a warp-specialised tile (the operands that are not gathered by
-  // cp.async.bulk.tensor; `add` keeps it only where legal: up_proj, down_proj and the two
-  // weight gradients).
+  // cp.async.bulk.tensor; `add` keeps it where legal: every expert GEMM, the dgrads' MN-major
+  // weight stages only when d or n is a multiple of 64).
   auto with_tma = [](TileConfig t) {
     t.tma = true;
     return t;
