@@ -319,6 +319,31 @@ TEST_CASE("generator: TMA tiles (up_proj, down_proj, up_wgrad, down_wgrad) compi
   }
 }
 
+TEST_CASE("generator: 192-column wgmma tiles compile for the expert GEMMs (m64n192k16)") {
+  const LayerConfig gpt = find_preset("gpt-oss-20b").layer;
+  auto narrow = [](TileConfig t) {
+    t.bn = 192;
+    return t;
+  };
+  const TileConfig wsp = narrow(default_tile(KernelFamily::down_proj, gpt, "sm_90a"));
+  CHECK(wsp.to_string() == "128x192x64_w8x1_s4_wsp_tma");
+  CHECK(TileConfig::parse("128x192x64_w8x1_s4_wsp_tma") == wsp);
+  std::vector<KernelSpec> specs;
+  for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::up_dgrad, KernelFamily::up_wgrad,
+                         KernelFamily::down_wgrad, KernelFamily::down_dgrad})
+    specs.push_back({f, gpt, narrow(f == KernelFamily::down_dgrad ? wgmma_tile(128, 256, 4, true) : default_tile(f, gpt, "sm_90a")), "sm_90a"});
+  for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), legality_problem(s));
+  const auto built = compile_all(specs, 0, true);
+  check_compiled_without_spills(built);
+  for (const auto& b : built) {
+    INFO(b.compiled.kernel_name);
+    CHECK(b.compiled.ptx.find("wgmma.mma_async.sync.aligned.m64n192k16") != std::string::npos);
+  }
+  // Gated up_proj stacks W1 and W3: 2 x 192 columns is more accumulators than a thread holds.
+  CHECK(legality_problem(KernelSpec{KernelFamily::up_proj, gpt, narrow(wgmma_tile(128, 128, 4, true, true)), "sm_90a"})
+            .find("accumulator registers") != std::string::npos);
+}
+
 TEST_CASE("generator: swapped tile orders compile for every expert GEMM and round-trip their names") {
   TileConfig wg = wgmma_tile(128, 128, 3);
   wg.swap = true;

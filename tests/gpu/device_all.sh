@@ -3,7 +3,7 @@
 # wgmma checks, the Python GPU tests and the suite bench on the shapes in $SUITE_SHAPES.
 # Every log goes into $OUT/logs.tar.gz (the device tool returns at most 8 files); a summary
 # line per step goes to stdout and $OUT/summary.txt.
-# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws wsp tma tmaw tmaall dgradstaged defaults import tune tuned mem py pysuite profile tilecheck bench (default: gpu ws py bench)
+# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws wsp tma tmaw tmaall dgradstaged bn192 defaults import tune tuned mem py pysuite profile tilecheck bench (default: gpu ws py bench)
 set -u
 OUT=${OUT:-device-out}
 LOG=$OUT/logs
@@ -141,6 +141,21 @@ tmaall)  # TMA for down_proj's h (default tile), up_dgrad's dH and W1/W3,
     step "tmaallp_bench_$p" 100 $BIN bench --preset "$p" --no-cache $TDP
     step "notmaall_bench_$p" 100 $BIN bench --preset "$p" --no-cache $TD0
   done ;;
+bn192)  # 192-column tiles (m64n192k16) where 256 leaves a part-empty last column of tiles
+  # (gpt-oss-20b: 2880 = 15 x 192): small checks (exact and ragged columns), the gpt-oss
+  # grad-check and bench against the defaults
+  T192="--tile down_proj=128x192x64_w8x1_s4_wsp_tma --tile up_dgrad=128x192x64_w8x1_s4_ws_tma"
+  T192="$T192 --tile up_wgrad=128x192x64_w8x1_s4_wsp_tma --tile down_wgrad=128x192x64_w8x1_s4_wsp_tma"
+  T192="$T192 --tile down_dgrad=128x192x64_w8x1_s4_ws_tma"
+  FAILS0=$STEP_FAILS
+  step bn192_small_grad 60 $BIN grad-check -E 8 -K 2 -d 384 -n 192 -T 300 $T192
+  if [ "$LAST_RC" -ne 0 ]; then FAILED_BLOCKS="$FAILED_BLOCKS bn192"; continue; fi
+  step bn192_small_ragged 60 $BIN grad-check -E 60 -K 4 -d 448 -n 320 -T 777 --activation geglu $T192
+  step bn192_small_skew 60 $BIN grad-check -E 64 -K 8 -d 576 -n 192 -T 1000 --router none --routing skewed $T192
+  if [ "$STEP_FAILS" -ne "$FAILS0" ]; then FAILED_BLOCKS="$FAILED_BLOCKS bn192"; continue; fi
+  step bn192_grad_gpt-oss-20b 200 $BIN grad-check --preset gpt-oss-20b $T192
+  step bn192_bench_gpt-oss-20b 100 $BIN bench --preset gpt-oss-20b --no-cache $T192
+  step default_bench_gpt-oss-20b 100 $BIN bench --preset gpt-oss-20b --no-cache ;;
 defaults)  # grad-check every suite preset with the default tiles (n > d shapes first at a small
   # size: the forward's slot chunks and the down backward's column chunks)
   step chunked_small_grad 120 $BIN grad-check -E 8 -K 2 -d 128 -n 1000 -T 1000 --routing skewed --router none

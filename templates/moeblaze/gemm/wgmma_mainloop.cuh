@@ -192,7 +192,7 @@ MB_DEV void wgmma_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASr
                            int k_size, bf16_t* smem_raw) {
   static_assert(Cfg::WARPS_N == 1 && Cfg::WTM == 16 && Cfg::MT == 1, "wgmma tiles: one 16-row slab per warp");
   static_assert(Cfg::BM % 64 == 0 && Cfg::BK == 64, "wgmma tiles: whole warpgroups, 64-wide k");
-  static_assert(Cfg::BN == 64 || Cfg::BN == 128 || Cfg::BN == 256, "wgmma N");
+  static_assert(Cfg::BN == 64 || Cfg::BN == 128 || Cfg::BN == 192 || Cfg::BN == 256, "wgmma N");
   bf16_t* smem = align_1024(smem_raw);
   const int tid = threadIdx.x, warpgroup = tid / 128;
   zero_accumulators(acc);
