@@ -198,6 +198,10 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
     if (t.warps_m != t.bm / 16 || t.warps_n != 1) return "wgmma tiles have bm/16 x 1 warps";
     if (t.bm % 64) return "wgmma tiles cover whole warpgroups (bm a multiple of 64)";
     if (t.bn != 64 && t.bn != 128 && t.bn != 192 && t.bn != 256) return "wgmma bn must be 64, 128, 192 or 256";
+    // Wide-h layers run down dgrad + down wgrad in hg column chunks of a multiple of 256
+    // (runtime/memory_plan.cpp backward_chunk_cols), which a 192-wide tile does not divide.
+    if (t.bn == 192 && (spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::down_wgrad))
+      return "192-wide tiles are not for down_dgrad / down_wgrad (their column chunks are multiples of 256)";
     if (t.warp_specialized() && t.bm > 128) return "warp-specialised tiles have one or two consumer warpgroups";
     if (t.persistent() && !supports_persistent(spec.family)) return "persistent tiles are for the expert GEMMs";
   }
