@@ -15,20 +15,6 @@ std::vector<KernelFamily> tunable_families(const LayerConfig& layer) {
   return out;
 }
 
-namespace {
-// The columns an expert GEMM's output tiles cover (its N; 0 for the other families).
-int output_columns(KernelFamily f, const LayerConfig& l) {
-  switch (f) {
-    case KernelFamily::up_proj:
-    case KernelFamily::down_dgrad:
-    case KernelFamily::down_wgrad: return l.shape.ffn;
-    case KernelFamily::down_proj:
-    case KernelFamily::up_dgrad:
-    case KernelFamily::up_wgrad: return l.shape.hidden;
-    default: return 0;
-  }
-}
-}  // namespace
 
 std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& layer, const std::string& arch,
                                         int limit) {
@@ -56,13 +42,10 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
   // The default 256 columns wide made 192 where the output's columns are a multiple of 192
   // but not of 256 (gpt-oss-20b: d = n = 2880 = 15 x 192 = 11.25 x 256): the last column of
   // tiles is whole instead of a quarter full (6% of the tiles' work).
-  if (arch == "sm_90a" && def.wgmma && def.bn == 256) {
-    const int cols = output_columns(family, layer);
-    if (cols % 256 != 0 && cols % 192 == 0) {
-      TileConfig narrow = def;
-      narrow.bn = 192;
-      add(narrow);
-    }
+  if (arch == "sm_90a" && def.wgmma && def.bn == 256 && fits_192_better(family, layer)) {
+    TileConfig narrow = def;
+    narrow.bn = 192;
+    add(narrow);
   }
   const int nb = stacked_b_tiles(family, layer.activation);
   // Hopper: wgmma tiles first (persistent and one-tile warp-specialised, then the shared

@@ -11,6 +11,14 @@ namespace moeblaze {
 // The configuration used when nothing has been tuned. Always legal for any valid layer.
 TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std::string& arch);
 
+// The columns an expert GEMM's output tiles cover (its N; 0 for the other families).
+int output_columns(KernelFamily family, const LayerConfig& layer);
+
+// Whether a 256-wide tile of this family would leave a part-empty last column of tiles that a
+// 192-wide one fills (the output's columns a multiple of 192 but not of 256, e.g. gpt-oss-20b's
+// 2880 = 15 x 192 = 11.25 x 256).
+bool fits_192_better(KernelFamily family, const LayerConfig& layer);
+
 // Every kernel a layer needs (forward and backward, both checkpoint modes), each with its
 // default tile. gate_grad carries down_dgrad's tile (it sums that kernel's N tiles).
 std::vector<KernelSpec> layer_kernel_specs(const LayerConfig& layer, const std::string& arch);
