@@ -24,10 +24,11 @@ for p in deepseek-v3 gpt-oss-20b mixtral-8x7b; do
 done
 B=build
 [ "$OK" = 1 ] && python3 -c "import sys; sys.exit(0 if $S_TS < $S_DEF else 1)" && B=build-tsd
+DA=tests/gpu/device_all.sh; [ "$B" = build ] || DA=$B/device_all.sh
 echo "suite build: $B (tstore checks ok=$OK, tstore steps $S_TS ms, defaults $S_DEF ms)" | tee $OUT/choice.txt
-BUILD=$B OUT=$OUT/a DEADLINE_S=$(left 330) PRESETS="gpt-oss-20b deepseek-v3" $B/device_all.sh defaults > /dev/null
+BUILD=$B OUT=$OUT/a DEADLINE_S=$(left 330) PRESETS="gpt-oss-20b deepseek-v3" $DA defaults > /dev/null
 BUILD=$B OUT=$OUT/c DEADLINE_S=$(left 585) SUITE_SHAPES=mixtral-8x7b,gpt-oss-20b,olmoe-1b-7b,qwen3-30b-a3b,deepseek-v3,qwen3-next-80b \
-  SUITE_ROUTING=random,skewed SUITE_ARGS=--sweep $B/device_all.sh bench > /dev/null
+  SUITE_ROUTING=random,skewed SUITE_ARGS=--sweep $DA bench > /dev/null
 cat $OUT/ts/summary.txt $OUT/a/summary.txt $OUT/c/summary.txt
 cat $OUT/c/suite/table.md 2>/dev/null | head -40
 tar czf $OUT/all.tgz -C $OUT ts a c choice.txt && rm -rf $OUT/ts $OUT/a $OUT/c
