@@ -45,13 +45,21 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std
     // 192 columns instead of 256 where that fills the last column of tiles, for the two
     // all-TMA GEMMs (gpt-oss-20b, run 9 call 1: down_proj 1.880 -> 1.798 ms, up_dgrad 3.494
     // -> 3.265); up_wgrad's gathered 192-wide B ran slower (5.100 -> 5.270) and keeps 256.
-    const int wide = fits_192_better(family, layer) ? 192 : 256;
+    // Only with TMA loads (a layer that cannot take them, e.g. up_dgrad with n % 64 != 0,
+    // keeps the 256-wide cp.async tile).
+    auto wide_tile = [&](bool persistent) {
+      if (fits_192_better(family, layer)) {
+        TileConfig narrow = tma(wgmma_tile(128, 192, 4, true, persistent));
+        if (narrow.tma) return narrow;
+      }
+      return tma(wgmma_tile(128, 256, 4, true, persistent));
+    };
     switch (family) {
       case KernelFamily::up_proj: return tma(wgmma_tile(128, 128, 4, true, true));  // gated: 2 x 128 columns
-      case KernelFamily::down_proj: return tma(wgmma_tile(128, wide, 4, true, true));
+      case KernelFamily::down_proj: return wide_tile(true);
       case KernelFamily::up_wgrad:
       case KernelFamily::down_wgrad: return tma(wgmma_tile(128, 256, 4, true, true));
-      case KernelFamily::up_dgrad: return tma(wgmma_tile(128, wide, 4, true));
+      case KernelFamily::up_dgrad: return wide_tile(false);
       case KernelFamily::router_logits:
       case KernelFamily::router_wgrad: return wgmma_tile(128, 64, 4);
       default: return wgmma_tile(128, 128, 3);

@@ -45,6 +45,32 @@ TEST_CASE("generator: every kernel of every suite shape compiles for sm_90a with
   }
 }
 
+TEST_CASE("generator: the default expert GEMM tiles compile for the small shapes the GPU checks run") {
+  // tests/gpu/device_all.sh's small grad-checks: d or n not multiples of 64, 128 or 256, and
+  // multiples of 192 (where 192-wide defaults are chosen only with TMA loads: a 192-wide
+  // cp.async default for d = 192, n = 520 once failed its static_assert on the GPU machine).
+  const int shapes[][4] = {{8, 2, 256, 128},  {60, 4, 200, 200}, {64, 8, 256, 192}, {8, 2, 128, 1000},
+                           {6, 2, 192, 520},  {60, 4, 136, 200}, {60, 4, 448, 320}, {64, 8, 576, 192},
+                           {8, 2, 384, 192},  {60, 4, 200, 256}};
+  for (const auto& sh : shapes) {
+    LayerConfig l;
+    l.shape = {sh[0], sh[1], sh[2], sh[3]};
+    l.activation = sh[3] == 520 ? Activation::gelu : Activation::swiglu;
+    const std::string name = fmt::format("E={} K={} d={} n={}", sh[0], sh[1], sh[2], sh[3]);
+    SUBCASE(name.c_str()) {
+      std::vector<KernelSpec> picked;
+      for (const auto& s : layer_kernel_specs(l, "sm_90a")) {
+        INFO(to_string(s.family) << " " << s.tile.to_string());
+        REQUIRE(legality_problem(s).empty());
+        if (s.family == KernelFamily::up_dgrad || s.family == KernelFamily::down_proj ||
+            s.family == KernelFamily::up_wgrad || s.family == KernelFamily::down_wgrad)
+          picked.push_back(s);
+      }
+      check_compiled_without_spills(compile_all(picked));
+    }
+  }
+}
+
 TEST_CASE("generator: every activation and router variant compiles (caller routing, both routers)") {
   for (Activation act : {Activation::swiglu, Activation::geglu, Activation::silu, Activation::gelu, Activation::relu}) {
     for (RouterKind r : {RouterKind::none, RouterKind::softmax_topk, RouterKind::sigmoid_topk}) {
@@ -343,8 +369,13 @@ TEST_CASE("generator: 192-column wgmma tiles compile for the expert GEMMs (m64n1
     CHECK(legality_problem(KernelSpec{f, gpt, narrow(wgmma_tile(128, 256, 4, true)), "sm_90a"}).find("column chunks") !=
           std::string::npos);
   // Gated up_proj stacks W1 and W3: 2 x 192 columns is more accumulators than a thread holds.
-  CHECK(legality_problem(KernelSpec{KernelFamily::up_proj, gpt, narrow(wgmma_tile(128, 128, 4, true, true)), "sm_90a"})
-            .find("accumulator registers") != std::string::npos);
+  TileConfig up = narrow(wgmma_tile(128, 128, 4, true, true));
+  up.tma = true;
+  CHECK(legality_problem(KernelSpec{KernelFamily::up_proj, gpt, up, "sm_90a"}).find("accumulator registers") !=
+        std::string::npos);
+  // Without TMA, the cp.async loader cannot split a 192-wide row among the producer's threads.
+  CHECK(legality_problem(KernelSpec{KernelFamily::up_dgrad, gpt, narrow(wgmma_tile(128, 256, 4, true)), "sm_90a"})
+            .find("need TMA") != std::string::npos);
 }
 
 TEST_CASE("generator: swapped tile orders compile for every expert GEMM and round-trip their names") {
