@@ -164,6 +164,7 @@ tstore)  # the weight gradients' TMA-store epilogue ("_tstore"): small checks (a
   FAILS0=$STEP_FAILS
   step tstore_small_grad 60 $BIN grad-check -E 8 -K 2 -d 256 -n 128 -T 300 $TS
   if [ "$LAST_RC" -ne 0 ]; then FAILED_BLOCKS="$FAILED_BLOCKS tstore"; continue; fi
+  step tstore_small_cols 60 $BIN grad-check -E 60 -K 4 -d 200 -n 256 -T 777 $TS  # partial column boxes, no straddle
   step tstore_small_straddle 60 $BIN grad-check -E 60 -K 4 -d 200 -n 200 -T 777 --activation geglu $TS
   step tstore1_small_straddle 60 $BIN grad-check -E 60 -K 4 -d 200 -n 200 -T 777 --mode recompute $TS1
   step tstore_small_skew 60 $BIN grad-check -E 64 -K 8 -d 256 -n 192 -T 1000 --router none --routing skewed --activation silu $TS

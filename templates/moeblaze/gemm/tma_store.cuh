@@ -12,9 +12,9 @@
 // Output maps are 3-D, [experts][rows][cols] (runtime/tma.cpp encode_output_map), box
 // [1][BM][64]: rows past an expert's last and columns past the last are out of range, and a
 // TMA store writes nothing there, so partial tiles need no masks. A tile that straddles two
-// output matrices (up_wgrad's dW1 | dW3 when n % BM != 0) is stored twice from the same
-// staging buffer, at row m0 of the first map and at row m0 - n (negative: those rows are out
-// of range and skipped) of the second.
+// output matrices (up_wgrad's dW1 | dW3 when n % BM != 0) keeps the direct stores: storing
+// its dW3 part at a negative row (out of range, to be skipped) stopped the GPU with an
+// illegal instruction.
 //
 // Ordering: before overwriting the buffer, the issuing thread waits until its previous
 // stores have read it (wait_group.read) and the consumers sync; after writing, every writer
@@ -43,19 +43,17 @@ MB_DEV bf16_t* staging_buffer() {
   return align_1024(dynamic_smem()) + Cfg::STAGES * Cfg::STAGE_ELEMS;
 }
 
-// Where a staged tile goes: up to two (map, row) targets at the same columns and expert.
-struct StoreTargets {
-  const TmaMap* map[2];
-  int row[2];
-  int count;  // 1 or 2
-  int col, expert;
+// Where a staged tile goes: its first row and column in one expert's matrix of the map.
+struct StoreTarget {
+  const TmaMap* map;
+  int row, col, expert;
 };
 
 // Consumers only (threads [0, Cfg::THREADS)): stage the accumulator tile as bf16 and issue its
 // stores (thread 0). Returns with the stores in flight on persistent tiles; one-tile blocks
 // wait for them here.
 template <class Cfg>
-MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const StoreTargets& to) {
+MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const StoreTarget& to) {
   static_assert(Cfg::TSTORE && Cfg::NB == 1, "TMA-store tiles have one B tile");
   bf16_t* out = staging_buffer<Cfg>();
   const bool issuer = threadIdx.x == 0;
@@ -68,12 +66,8 @@ MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const Sto
   consumer_sync<Cfg>();
   if (issuer) {
 #pragma unroll
-    for (int t = 0; t < 2; ++t) {
-      if (t >= to.count) break;
-#pragma unroll
-      for (int j = 0; j < Cfg::BN / 64; ++j)
-        tma_store_3d(to.map[t], out + j * Cfg::BM * 64, to.col + 64 * j, to.row[t], to.expert);
-    }
+    for (int j = 0; j < Cfg::BN / 64; ++j)
+      tma_store_3d(to.map, out + j * Cfg::BM * 64, to.col + 64 * j, to.row, to.expert);
     bulk_commit();
     if constexpr (!Cfg::PERSISTENT) bulk_wait_all();
   }
