@@ -50,7 +50,15 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std
       case KernelFamily::up_proj: return tma(wgmma_tile(128, 128, 4, true, true));  // gated: 2 x 128 columns
       case KernelFamily::down_proj: return tma(wgmma_tile(128, wide, 4, true, true));
       case KernelFamily::up_wgrad:
-      case KernelFamily::down_wgrad: return tma(wgmma_tile(128, 256, 4, true, true));
+      case KernelFamily::down_wgrad: {
+        // The TMA-store epilogue (_tstore): the consumers stage the tile in shared memory and
+        // go on to the next tile while the stores drain; 3 stages leave room for the 64 KiB
+        // staging buffer. Where it is illegal, the 4-stage tile with direct stores.
+        TileConfig staged = tma(wgmma_tile(128, 256, 3, true, true));
+        staged.tma_store = true;
+        if (legality_problem(KernelSpec{family, layer, staged, arch}).empty()) return staged;
+        return tma(wgmma_tile(128, 256, 4, true, true));
+      }
       case KernelFamily::up_dgrad: return tma(wgmma_tile(128, wide, 4, true));
       case KernelFamily::router_logits:
       case KernelFamily::router_wgrad: return wgmma_tile(128, 64, 4);
