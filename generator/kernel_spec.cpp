@@ -116,9 +116,9 @@ int stacked_b_tiles(KernelFamily f, Activation act) {
 }
 
 std::string TileConfig::to_string() const {
-  return fmt::format("{}x{}x{}_w{}x{}_s{}{}{}{}", bm, bn, bk, warps_m, warps_n, stages,
+  return fmt::format("{}x{}x{}_w{}x{}_s{}{}{}{}{}", bm, bn, bk, warps_m, warps_n, stages,
                      wgmma == 3 ? "_wsp" : wgmma == 2 ? "_ws" : wgmma == 1 ? "_wg" : "", tma ? "_tma" : "",
-                     swap ? "_swap" : "");
+                     tma_store ? "_tstore" : "", swap ? "_swap" : "");
 }
 
 TileConfig wgmma_tile(int bm, int bn, int stages, bool warp_specialized, bool persistent) {
@@ -141,9 +141,9 @@ bool supports_persistent(KernelFamily f) {
 
 TileConfig TileConfig::parse(const std::string& s) {
   TileConfig t;
-  char tail[16] = {0};
+  char tail[32] = {0};
   int used = 0;
-  const int n = std::sscanf(s.c_str(), "%dx%dx%d_w%dx%d_s%d%15s%n", &t.bm, &t.bn, &t.bk, &t.warps_m, &t.warps_n,
+  const int n = std::sscanf(s.c_str(), "%dx%dx%d_w%dx%d_s%d%31s%n", &t.bm, &t.bn, &t.bk, &t.warps_m, &t.warps_n,
                             &t.stages, tail, &used);
   std::string kind = n == 7 ? tail : "";
   auto strip = [&kind](const std::string& suffix) {
@@ -152,12 +152,13 @@ TileConfig TileConfig::parse(const std::string& s) {
     return has;
   };
   t.swap = strip("_swap");
+  t.tma_store = strip("_tstore");
   t.tma = strip("_tma");
   if (kind == "_wg") t.wgmma = 1;
   else if (kind == "_ws") t.wgmma = 2;
   else if (kind == "_wsp") t.wgmma = 3;
   if ((n == 7 && (t.wgmma == 0 || used != static_cast<int>(s.size()))) || (n != 6 && n != 7))
-    throw InvalidArgument("tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS[_wg|_ws|_wsp][_tma][_swap] (e.g. "
+    throw InvalidArgument("tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS[_wg|_ws|_wsp][_tma][_tstore][_swap] (e.g. "
                                               "128x128x64_w2x4_s4, 128x256x64_w8x1_s4_ws_tma)",
                                               s));
   return t;
@@ -221,6 +222,14 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
     if (spec.family == KernelFamily::up_dgrad && spec.layer.shape.ffn % 64)
       return "TMA up_dgrad tiles need n % 64 == 0 (W1/W3 k stages inside one matrix)";
   }
+  if (t.tma_store) {
+    if (spec.family != KernelFamily::up_wgrad && spec.family != KernelFamily::down_wgrad)
+      return "TMA-store epilogues (_tstore) are for the weight gradients";
+    if (!t.warp_specialized()) return "TMA-store epilogues are for warp-specialised tiles (_ws or _wsp)";
+    // Output rows 16-byte aligned for the [E][rows][cols] maps: dW2 rows are n wide, dW1/dW3 d.
+    const int cols = spec.family == KernelFamily::down_wgrad ? spec.layer.shape.ffn : spec.layer.shape.hidden;
+    if (cols % 8) return "TMA-store epilogues need output rows of a multiple of 8 elements (16 bytes)";
+  }
   if (t.bm % 64 || t.bn % 64 || t.bm > 256 || t.bn > 256) return "bm and bn must be 64, 128, 192 or 256";
   if (t.bm % (16 * t.warps_m) || t.bn % (8 * t.warps_n)) return "warp tiles must be multiples of 16x8";
   if (!t.wgmma && (t.bn / t.warps_n / 8) % 2) return "each warp needs an even number of n8 tiles";
@@ -253,8 +262,8 @@ GeneratedKernel generate(const KernelSpec& spec) {
   if (is_tiled(spec.family)) {
     const TileConfig& t = spec.tile;
     const int nb = stacked_b_tiles(spec.family, spec.layer.activation);
-    targs = fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>, {}", t.bm, t.bn, t.bk,
-                        t.warps_m, t.warps_n, t.stages, nb, t.wgmma, t.tma ? 1 : 0, t.swap ? 1 : 0, targs);
+    targs = fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>, {}", t.bm, t.bn, t.bk,
+                        t.warps_m, t.warps_n, t.stages, nb, t.wgmma, t.tma ? 1 : 0, t.swap ? 1 : 0, t.tma_store ? 1 : 0, targs);
     g.threads = t.threads();
     g.dynamic_smem = t.smem_bytes(nb);
   } else {
@@ -272,7 +281,8 @@ GeneratedKernel generate(const KernelSpec& spec) {
       "}}\n",
       kGeneratorVersion, to_string(spec.family), spec.layer.describe(), fi.header, bounds, g.source.kernel_name,
       // TMA reads its tensor maps from the parameter itself: no local copy of the struct.
-      is_tiled(spec.family) && spec.tile.tma ? "__grid_constant__ " : "", fi.args, fi.function, targs);
+      is_tiled(spec.family) && (spec.tile.tma || spec.tile.tma_store) ? "__grid_constant__ " : "", fi.args,
+      fi.function, targs);
   return g;
 }
 

@@ -58,6 +58,11 @@ struct TileConfig {
   // GEMMs walk N tiles fastest inside an expert (reusing a block of gathered rows), weight
   // gradients run their larger side fastest. The tuner's schedule-order parameter.
   bool swap = false;
+  // The output tile leaves through shared memory by TMA stores ("_tstore",
+  // templates/moeblaze/gemm/tma_store.cuh): the consumers go on to the next tile while it
+  // drains. Weight gradients (bf16 outputs; fp32 accumulation keeps the direct stores), on
+  // warp-specialised tiles; costs a [bm][bn] bf16 staging buffer of shared memory.
+  bool tma_store = false;
   bool warp_specialized() const { return wgmma >= 2; }
   bool persistent() const { return wgmma == 3; }
   // The producer: one warpgroup (mainloop.cuh's Tile::PRODUCER_THREADS).
@@ -69,8 +74,10 @@ struct TileConfig {
   // Threads that issue the tile copies.
   int loader_threads() const { return warp_specialized() ? producer_threads() : compute_threads(); }
   // wgmma tiles reserve 1 KiB to align their 128-byte-swizzle atoms to 1024 bytes.
-  int smem_bytes(int nb) const { return stages * (bm * bk + nb * bn * bk) * 2 + (wgmma ? 1024 : 0); }
-  std::string to_string() const;  // "128x128x64_w2x4_s3", "..._wg" / "..._ws" / "..._wsp" for wgmma, then "_tma", "_swap"
+  int smem_bytes(int nb) const {
+    return stages * (bm * bk + nb * bn * bk) * 2 + (tma_store ? bm * bn * 2 : 0) + (wgmma ? 1024 : 0);
+  }
+  std::string to_string() const;  // "128x128x64_w2x4_s3", "..._wg" / "..._ws" / "..._wsp" for wgmma, then "_tma", "_tstore", "_swap"
   // Inverse of to_string; throws InvalidArgument("tile", ...) on a malformed string.
   static TileConfig parse(const std::string& s);
   bool operator==(const TileConfig&) const = default;

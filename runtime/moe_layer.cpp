@@ -239,6 +239,7 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
   if (bs.hg_cols >= n) {
     ks.launch(KernelFamily::down_dgrad, slot_tile_blocks(TK, dg.bm, dg.bn, E, n), dd, stream, a.observer);
     attach_hg_map(w2, wt2, TK, n, n);
+    attach_output_maps(w2, wt2, E, d, n, n, w2.out0, nullptr);
     ks.launch(KernelFamily::down_wgrad, E * ceil_div(d, wt2.bm) * ceil_div(n, wt2.bn), w2, stream, a.observer);
   } else {
     for (int c0 = 0; c0 < n; c0 += bs.hg_cols) {
@@ -251,6 +252,8 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
       w2.n_cols = cols;
       w2.b_ld = bs.hg_cols;
       attach_hg_map(w2, wt2, TK, cols, bs.hg_cols);
+      // dW2's columns of this chunk (bf16 when the maps are used: 2 bytes per element)
+      attach_output_maps(w2, wt2, E, d, cols, n, static_cast<const char*>(w2.out0) + int64_t{c0} * 2, nullptr);
       ks.launch(KernelFamily::down_wgrad, E * ceil_div(d, wt2.bm) * ceil_div(cols, wt2.bn), w2, stream, a.observer);
     }
   }
@@ -259,6 +262,7 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
   const TileConfig& wt1 = ks.get(KernelFamily::up_wgrad).generated.spec.tile;
   WgradArgs w1{rv, H, cptr(a.x), dptr<void>(a.dw1), dptr<void>(a.dw3), accumulate};
   attach_dh_map(w1, wt1, TK, int64_t{G} * n);
+  attach_output_maps(w1, wt1, E, n, d, d, w1.out0, G == 2 ? w1.out1 : nullptr);
   ks.launch(KernelFamily::up_wgrad, E * ceil_div(G * n, wt1.bm) * ceil_div(d, wt1.bn), w1, stream, a.observer);
   // 4. Token gradient: per-slot dx, then the fixed-order sum over each token's K slots.
   const TileConfig& ud = ks.get(KernelFamily::up_dgrad).generated.spec.tile;

@@ -42,6 +42,42 @@ TmaMap encode_weight_map(CUdeviceptr base, int64_t total_rows, int64_t k, int bo
   return out;
 }
 
+OutputMapParams output_map_params(CUdeviceptr base, int64_t experts, int64_t rows, int64_t cols, int64_t ld,
+                                  int box_rows, const char* name) {
+  if (base % 16 != 0) throw InvalidArgument(name, fmt::format("pointer {:#x} is not 16-byte aligned (TMA)", base));
+  if (experts <= 0 || rows <= 0 || cols <= 0) throw InvalidArgument(name, "is empty");
+  if ((ld * 2) % 16 != 0)
+    throw InvalidArgument(name, fmt::format("rows {} bf16 apart are not a multiple of 16 bytes apart (TMA)", ld));
+  if (ld < cols) throw InvalidArgument(name, fmt::format("row stride {} is below the row width {}", ld, cols));
+  if (box_rows < 1 || box_rows > 256) throw InvalidArgument("tile", fmt::format("TMA box of {} rows", box_rows));
+  if (rows >= (int64_t{1} << 31) || experts >= (int64_t{1} << 31))
+    throw InvalidArgument(name, "has 2^31 rows or more (TMA coordinates)");
+  OutputMapParams p;
+  p.dims[0] = static_cast<uint64_t>(cols);
+  p.dims[1] = static_cast<uint64_t>(rows);
+  p.dims[2] = static_cast<uint64_t>(experts);
+  p.strides[0] = static_cast<uint64_t>(ld) * 2;
+  p.strides[1] = static_cast<uint64_t>(rows) * static_cast<uint64_t>(ld) * 2;
+  p.box[0] = 64;
+  p.box[1] = static_cast<uint32_t>(box_rows);
+  p.box[2] = 1;
+  return p;
+}
+
+TmaMap encode_output_map(CUdeviceptr base, int64_t experts, int64_t rows, int64_t cols, int64_t ld, int box_rows,
+                         const char* name) {
+  const OutputMapParams p = output_map_params(base, experts, rows, cols, ld, box_rows, name);
+  CUtensorMap map;
+  const CUresult r = cuda_driver().cuTensorMapEncodeTiled(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, reinterpret_cast<void*>(base), p.dims, p.strides, p.box,
+      p.element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  check_cuda(r, fmt::format("cuTensorMapEncodeTiled({})", name).c_str());
+  TmaMap out;
+  std::memcpy(&out, &map, sizeof map);
+  return out;
+}
+
 // TMA tiles (TileConfig::tma) read their weight tiles through tensor maps in the argument.
 void attach_weight_maps(UpProjArgs& up, const TileConfig& t, const LayerConfig& l) {
   if (!t.tma) return;
@@ -77,6 +113,14 @@ void attach_dh_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t col
 }
 void attach_hg_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols, int64_t ld) {
   if (t.tma) w.tma_b = encode_weight_map(reinterpret_cast<CUdeviceptr>(w.b), slots, cols, 64, "hg", ld);
+}
+
+void attach_output_maps(WgradArgs& w, const TileConfig& t, int64_t experts, int64_t rows, int64_t cols,
+                        int64_t ld, const void* out0, const void* out1) {
+  if (!t.tma_store || w.accumulate_fp32) return;
+  w.tma_out0 = encode_output_map(reinterpret_cast<CUdeviceptr>(out0), experts, rows, cols, ld, t.bm, "weight gradient");
+  if (out1)
+    w.tma_out1 = encode_output_map(reinterpret_cast<CUdeviceptr>(out1), experts, rows, cols, ld, t.bm, "dw3");
 }
 
 }  // namespace moeblaze

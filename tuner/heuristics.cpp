@@ -35,6 +35,8 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std
     // up_wgrad 18.7 (`_wg` 128x128) -> 16.2 `_wsp_tma` (deepseek-v3 28.5, level with `_wg`),
     // down_wgrad 9.0 -> 7.4 `_wsp_tma` (deepseek-v3 15.2 -> 12.5), up_dgrad 12.4 -> 10.7
     // `_ws_tma`.
+    // Session six (run 9 call 2): the weight gradients' TMA-store epilogue took deepseek-v3's
+    // step 87.2 -> 77.2 ms and gpt-oss-20b's 20.4 -> 19.7 (mixtral-8x7b level: 65.9 / 66.5).
     // TMA where the layer allows it (e.g. up_dgrad's MN-major weight boxes need n % 64 == 0);
     // elsewhere the same tile with cp.async loads.
     auto tma = [&](TileConfig t) {
@@ -58,7 +60,15 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std
       case KernelFamily::up_proj: return tma(wgmma_tile(128, 128, 4, true, true));  // gated: 2 x 128 columns
       case KernelFamily::down_proj: return wide_tile(true);
       case KernelFamily::up_wgrad:
-      case KernelFamily::down_wgrad: return tma(wgmma_tile(128, 256, 4, true, true));
+      case KernelFamily::down_wgrad: {
+        // The TMA-store epilogue (_tstore): the consumers stage the tile in shared memory and
+        // go on to the next tile while the stores drain; 3 stages leave room for the 64 KiB
+        // staging buffer. Where it is illegal, the 4-stage tile with direct stores.
+        TileConfig staged = tma(wgmma_tile(128, 256, 3, true, true));
+        staged.tma_store = true;
+        if (legality_problem(KernelSpec{family, layer, staged, arch}).empty()) return staged;
+        return tma(wgmma_tile(128, 256, 4, true, true));
+      }
       case KernelFamily::up_dgrad: return wide_tile(false);
       case KernelFamily::router_logits:
       case KernelFamily::router_wgrad: return wgmma_tile(128, 64, 4);

@@ -6,6 +6,7 @@
 #include "moeblaze/gemm/ws_mainloop.cuh"
 #include "moeblaze/gemm/rows.cuh"
 #include "moeblaze/gemm/staged_tile.cuh"
+#include "moeblaze/gemm/tma_store.cuh"
 #include "moeblaze/kernel_args.cuh"
 
 namespace moeblaze {
@@ -286,7 +287,10 @@ MB_DEV void down_wgrad(const WgradArgs& p) {
   const int b_ld = p.n_cols > 0 ? p.b_ld : N;
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
     const gemm::WgradTile w = gemm::wgrad_tile<Cfg::BM, Cfg::BN, E, D, N, Cfg::SWAP>(tile, p.rv, n_cols);
-    if (!w.valid) return false;
+    if (!w.valid) {
+      if constexpr (decltype(role)::kComputes) gemm::tma_store_drain<Cfg>();
+      return false;
+    }
     const bf16_t* dy = static_cast<const bf16_t*>(p.a);
     const bf16_t* hg = static_cast<const bf16_t*>(p.b);
     const gemm::Rows a{dy + w.m0, p.rv.expert_token_indices + w.slot0, w.count, D, D - w.m0};
@@ -299,6 +303,12 @@ MB_DEV void down_wgrad(const WgradArgs& p) {
       gemm::run_mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem(), pipe, role);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
+    if constexpr (Cfg::TSTORE) {  // bf16 gradients: staged, stored by TMA (tma_out0: this chunk's columns)
+      if (!p.accumulate_fp32) {
+        gemm::tma_store_tile<Cfg>(acc, gemm::StoreTarget{&p.tma_out0, w.m0, w.n0, w.expert});
+        return true;
+      }
+    }
     const int elem = p.accumulate_fp32 ? 4 : 2;
     char* out = static_cast<char*>(p.out0);
     store_wgrad<Cfg>(acc, D - w.m0, n_cols - w.n0, col0 + w.n0, p.accumulate_fp32, [&](int r) -> void* {
@@ -314,7 +324,10 @@ MB_DEV void up_wgrad(const WgradArgs& p) {
   constexpr int G = gate_parts<ACT>();
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
     const gemm::WgradTile w = gemm::wgrad_tile<Cfg::BM, Cfg::BN, E, G * N, D, Cfg::SWAP>(tile, p.rv);
-    if (!w.valid) return false;
+    if (!w.valid) {
+      if constexpr (decltype(role)::kComputes) gemm::tma_store_drain<Cfg>();
+      return false;
+    }
     const bf16_t* dH = static_cast<const bf16_t*>(p.a);
     const bf16_t* x = static_cast<const bf16_t*>(p.b);
     const gemm::Rows a{dH + static_cast<i64>(w.slot0) * (G * N) + w.m0, nullptr, w.count, G * N, G * N - w.m0};
@@ -327,6 +340,19 @@ MB_DEV void up_wgrad(const WgradArgs& p) {
       gemm::run_mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem(), pipe, role);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
+    if constexpr (Cfg::TSTORE) {  // bf16 gradients: staged, stored by TMA into dW1 or dW3
+      // A tile straddling dW1 | dW3 (n % BM != 0: one per expert and column of tiles) keeps
+      // the direct stores below: its dW3 part would start at a negative row of dW3's map.
+      // The checks with such tiles stopped with an illegal instruction (run 9 call 1; their
+      // partial column boxes are checked apart by device_all.sh's tstore_small_cols).
+      const bool straddles = G == 2 && w.m0 < N && w.m0 + Cfg::BM > N;
+      if (!p.accumulate_fp32 && !straddles) {
+        const bool dw3 = w.m0 >= N;
+        gemm::tma_store_tile<Cfg>(acc, gemm::StoreTarget{dw3 ? &p.tma_out1 : &p.tma_out0, dw3 ? w.m0 - N : w.m0,
+                                                         w.n0, w.expert});
+        return true;
+      }
+    }
     const int elem = p.accumulate_fp32 ? 4 : 2;
     char* out0 = static_cast<char*>(p.out0);
     char* out1 = static_cast<char*>(p.out1);

@@ -378,6 +378,56 @@ TEST_CASE("generator: 192-column wgmma tiles compile for the expert GEMMs (m64n1
             .find("need TMA") != std::string::npos);
 }
 
+TEST_CASE("generator: _tstore tiles (TMA-store epilogue) compile for both weight gradients of every suite shape") {
+  auto tstore = [](TileConfig t) {
+    t.tma = t.tma_store = true;
+    return t;
+  };
+  const TileConfig wide = tstore(wgmma_tile(128, 256, 3, true, true));
+  const TileConfig narrow = tstore(wgmma_tile(128, 128, 4, true, true));
+  TileConfig one = wgmma_tile(128, 256, 3, true);
+  one.tma_store = true;  // one-tile, cp.async loads: the store waits before the block exits
+  CHECK(wide.to_string() == "128x256x64_w8x1_s3_wsp_tma_tstore");
+  CHECK(TileConfig::parse("128x256x64_w8x1_s3_wsp_tma_tstore") == wide);
+  CHECK(TileConfig::parse("128x256x64_w8x1_s3_ws_tstore") == one);
+  TileConfig swapped = wide;
+  swapped.swap = true;
+  CHECK(TileConfig::parse("128x256x64_w8x1_s3_wsp_tma_tstore_swap") == swapped);
+  CHECK_THROWS_AS(TileConfig::parse("128x256x64_w8x1_s3_wsp_tstore_tma"), InvalidArgument);
+  const LayerConfig q = find_preset("qwen3-30b-a3b").layer;
+  CHECK(wide.smem_bytes(1) == 3 * 48 * 1024 + 64 * 1024 + 1024);
+  TileConfig four = wide;
+  four.stages = 4;  // four stages and the staging buffer exceed the shared memory
+  CHECK(legality_problem(KernelSpec{KernelFamily::up_wgrad, q, four, "sm_90a"}).find("shared memory") != std::string::npos);
+  for (KernelFamily f : {KernelFamily::up_proj, KernelFamily::down_dgrad, KernelFamily::up_dgrad})
+    CHECK(legality_problem(KernelSpec{f, q, wide, "sm_90a"}).find("weight gradients") != std::string::npos);
+  TileConfig wg = wgmma_tile(128, 128, 3);
+  wg.tma_store = true;
+  CHECK(legality_problem(KernelSpec{KernelFamily::up_wgrad, q, wg, "sm_90a"}).find("warp-specialised") !=
+        std::string::npos);
+  for (const Preset& p : presets()) {
+    if (!p.in_suite) continue;
+    SUBCASE(p.name.c_str()) {
+      const std::vector<KernelSpec> specs{{KernelFamily::up_wgrad, p.layer, wide, "sm_90a"},
+                                          {KernelFamily::down_wgrad, p.layer, wide, "sm_90a"},
+                                          {KernelFamily::up_wgrad, p.layer, narrow, "sm_90a"},
+                                          {KernelFamily::down_wgrad, p.layer, one, "sm_90a"}};
+      for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), legality_problem(s));
+      const auto built = compile_all(specs, 0, true);
+      check_compiled_without_spills(built);
+      for (const auto& b : built) {
+        INFO(b.compiled.kernel_name);
+        CHECK(b.generated.source.text.find("__grid_constant__") != std::string::npos);
+        CHECK(b.compiled.ptx.find("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group") != std::string::npos);
+        CHECK(b.compiled.ptx.find("cp.async.bulk.commit_group") != std::string::npos);
+        CHECK(b.compiled.ptx.find("cp.async.bulk.wait_group") != std::string::npos);
+        CHECK(b.compiled.ptx.find("fence.proxy.async.shared::cta") != std::string::npos);
+        CHECK(b.compiled.ptx.find("wgmma.mma_async.sync.aligned.m64n") != std::string::npos);
+      }
+    }
+  }
+}
+
 TEST_CASE("generator: swapped tile orders compile for every expert GEMM and round-trip their names") {
   TileConfig wg = wgmma_tile(128, 128, 3);
   wg.swap = true;

@@ -222,6 +222,22 @@ TEST_CASE("validation: TMA weight maps view [E, rows, k] as [E*rows, k] with 128
   expect_invalid([] { weight_map_params(kFakeBase, int64_t{1} << 31, 64, 128, "w2"); }, "w2");
 }
 
+TEST_CASE("validation: TMA-store output maps view [E, rows, cols] in 3-D with [1][bm][64] boxes") {
+  const OutputMapParams p = output_map_params(kFakeBase, 8, 4096, 3584, 14336, 128, "dw2");  // a dW2 column chunk
+  CHECK(p.dims[0] == 3584);
+  CHECK(p.dims[1] == 4096);
+  CHECK(p.dims[2] == 8);
+  CHECK(p.strides[0] == 14336 * 2);
+  CHECK(p.strides[1] == uint64_t{4096} * 14336 * 2);
+  CHECK(p.box[0] == 64);
+  CHECK(p.box[1] == 128);
+  CHECK(p.box[2] == 1);
+  expect_invalid([] { output_map_params(kFakeBase + 2, 8, 64, 64, 64, 128, "dw1"); }, "dw1");    // 16-byte alignment
+  expect_invalid([] { output_map_params(kFakeBase, 8, 64, 64, 68, 128, "dw3"); }, "dw3");        // row bytes % 16
+  expect_invalid([] { output_map_params(kFakeBase, 8, 64, 128, 64, 128, "dw2"); }, "dw2");       // ld < cols
+  expect_invalid([] { output_map_params(kFakeBase, 8, 64, 64, 64, 300, "dw2"); }, "tile");       // box rows <= 256
+}
+
 TEST_CASE("validation: wide-h layers run the forward in slot chunks and the down backward in column chunks") {
   const LayerConfig mixtral = layer(8, 2, 4096, 14336), qwen = layer(128, 8, 2048, 768), wide_many = layer(128, 8, 1024, 4096);
   CHECK(forward_chunks(mixtral) == 4);   // n/d = 3.5

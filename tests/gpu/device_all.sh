@@ -3,7 +3,7 @@
 # wgmma checks, the Python GPU tests and the suite bench on the shapes in $SUITE_SHAPES.
 # Every log goes into $OUT/logs.tar.gz (the device tool returns at most 8 files); a summary
 # line per step goes to stdout and $OUT/summary.txt.
-# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws wsp tma tmaw tmaall dgradstaged bn192 defaults import tune tuned mem py pysuite profile tilecheck bench (default: gpu ws py bench)
+# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws wsp tma tmaw tmaall dgradstaged bn192 tstore defaults import tune tuned mem py pysuite profile tilecheck bench (default: gpu ws py bench)
 set -u
 OUT=${OUT:-device-out}
 LOG=$OUT/logs
@@ -155,6 +155,28 @@ bn192)  # 192-column tiles (m64n192k16) where 256 leaves a part-empty last colum
   step bn192_grad_gpt-oss-20b 200 $BIN grad-check --preset gpt-oss-20b $T192
   step bn192_bench_gpt-oss-20b 100 $BIN bench --preset gpt-oss-20b --no-cache $T192
   step default_bench_gpt-oss-20b 100 $BIN bench --preset gpt-oss-20b --no-cache ;;
+tstore)  # the weight gradients' TMA-store epilogue ("_tstore"): small checks (a hang fails at
+  # 60 s; n = 200 makes up_wgrad tiles straddle dW1 | dW3 and d = 200 clips rows and columns;
+  # the chunked case stores dW2 column chunks), grad-checks on $TMA_PRESETS (gpt-oss: 2880 =
+  # 22.5 tiles of 128), benches against the defaults on $TSTORE_BENCH.
+  TS="--tile up_wgrad=128x256x64_w8x1_s3_wsp_tma_tstore --tile down_wgrad=128x256x64_w8x1_s3_wsp_tma_tstore"
+  TS1="--tile up_wgrad=128x128x64_w8x1_s4_wsp_tma_tstore --tile down_wgrad=128x256x64_w8x1_s3_ws_tstore"
+  FAILS0=$STEP_FAILS
+  step tstore_small_grad 60 $BIN grad-check -E 8 -K 2 -d 256 -n 128 -T 300 $TS
+  if [ "$LAST_RC" -ne 0 ]; then FAILED_BLOCKS="$FAILED_BLOCKS tstore"; continue; fi
+  step tstore_small_cols 60 $BIN grad-check -E 60 -K 4 -d 200 -n 256 -T 777 $TS  # partial column boxes, no straddle
+  step tstore_small_straddle 60 $BIN grad-check -E 60 -K 4 -d 200 -n 200 -T 777 --activation geglu $TS
+  step tstore1_small_straddle 60 $BIN grad-check -E 60 -K 4 -d 200 -n 200 -T 777 --mode recompute $TS1
+  step tstore_small_skew 60 $BIN grad-check -E 64 -K 8 -d 256 -n 192 -T 1000 --router none --routing skewed --activation silu $TS
+  step tstore_small_chunked 60 $BIN grad-check -E 8 -K 2 -d 128 -n 1000 -T 1000 --routing skewed --router none $TS
+  step tstore_small_fp32 60 $BIN grad-check -E 8 -K 2 -d 256 -n 128 -T 300 --accumulate-fp32 $TS
+  if [ "$STEP_FAILS" -ne "$FAILS0" ]; then FAILED_BLOCKS="$FAILED_BLOCKS tstore"; continue; fi
+  for p in ${TMA_PRESETS-gpt-oss-20b mixtral-8x7b}; do step "tstore_grad_$p" 200 $BIN grad-check --preset "$p" $TS; done
+  for p in ${TSTORE_BENCH-deepseek-v3 mixtral-8x7b}; do
+    step "tstore_bench_$p" 100 $BIN bench --preset "$p" --no-cache $TS
+    step "tstore1_bench_$p" 100 $BIN bench --preset "$p" --no-cache $TS1
+    step "default_bench_$p" 100 $BIN bench --preset "$p" --no-cache
+  done ;;
 defaults)  # grad-check every suite preset with the default tiles (n > d shapes first at a small
   # size: the forward's slot chunks and the down backward's column chunks)
   step chunked_small_grad 120 $BIN grad-check -E 8 -K 2 -d 128 -n 1000 -T 1000 --routing skewed --router none

@@ -26,12 +26,16 @@ namespace moeblaze::gemm {
 // is not gathered comes by TMA (gemm/tma.cuh; warp-specialised tiles of up_proj, down_proj,
 // up_wgrad, down_wgrad).
 template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_, int NB_ = 1, int WGMMA_ = 0,
-          int TMA_ = 0, int SWAP_ = 0>
+          int TMA_ = 0, int SWAP_ = 0, int TSTORE_ = 0>
 struct Tile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_;
   static constexpr int STAGES = STAGES_, NB = NB_;
   static constexpr bool TMA = TMA_ != 0;
   static constexpr bool SWAP = SWAP_ != 0;  // the other tile order (gemm/tile_schedule.cuh)
+  // The output tile leaves through shared memory by TMA stores (gemm/tma_store.cuh), so the
+  // consumers go on to the next tile while it drains (weight gradients).
+  static constexpr bool TSTORE = TSTORE_ != 0;
+  static_assert(!TSTORE || WGMMA_ >= 2, "TMA-store epilogues are for warp-specialised tiles");
   static_assert(!TMA || WGMMA_ >= 2, "TMA loads are issued by a producer warpgroup");
   static constexpr bool WGMMA = WGMMA_ != 0;
   static constexpr bool WARP_SPECIALIZED = WGMMA_ >= 2;
@@ -49,6 +53,9 @@ struct Tile {
   static constexpr int A_ELEMS = BM * BK, B_ELEMS = NB * BN * BK;
   static constexpr int STAGE_ELEMS = A_ELEMS + B_ELEMS;
   static constexpr int SMEM_BYTES = STAGES * STAGE_ELEMS * 2;
+  // TSTORE: the bf16 output tile's staging buffer, after the stages (1024-byte aligned: every
+  // stage is a multiple of 1 KiB).
+  static constexpr int OUT_ELEMS = TSTORE ? BM * BN : 0;
 };
 
 // Loads a [ROWS][COLS] tile into swizzled shared memory, 16 bytes per cp.async.

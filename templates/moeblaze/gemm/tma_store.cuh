@@ -1,0 +1,83 @@
+// TMA-store epilogue (tiles with Tile::TSTORE, the "_tstore" suffix): the consumers write the
+// bf16 output tile into a staging buffer after the pipeline stages and move on to the next
+// tile's mainloop while one thread's cp.async.bulk.tensor stores drain it to global memory.
+// With the direct epilogue (4-byte stores from the accumulator registers) the tensor cores
+// wait for every store of every tile; on short tiles (the weight gradients of many-expert
+// layers: 8 k-steps per 128x256 tile on deepseek-v3) that wait is a large part of the tile.
+//
+// Staging layout (gemm/out_stage.cuh): BN/64 blocks of [BM rows][64 columns] in the 128-byte
+// swizzle, which is what a [BM][64] box of a CU_TENSOR_MAP_SWIZZLE_128B map reads. A warp's
+// 4-byte writes (8 rows x 4 pairs of one chunk column) fall in 32 different banks.
+//
+// Output maps are 3-D, [experts][rows][cols] (runtime/tma.cpp encode_output_map), box
+// [1][BM][64]: rows past an expert's last and columns past the last are out of range, and a
+// TMA store writes nothing there, so partial tiles need no masks. A tile that straddles two
+// output matrices (up_wgrad's dW1 | dW3 when n % BM != 0) keeps the direct stores: storing
+// its dW3 part at a negative row (out of range, to be skipped) stopped the GPU with an
+// illegal instruction.
+//
+// Ordering: before overwriting the buffer, the issuing thread waits until its previous
+// stores have read it (wait_group.read) and the consumers sync; after writing, every writer
+// fences its writes into the async proxy and the consumers sync before the issue. A block
+// waits for its stores to complete before it exits (tma_store_drain).
+#pragma once
+#include "moeblaze/gemm/out_stage.cuh"
+#include "moeblaze/gemm/ws_mainloop.cuh"
+
+namespace moeblaze::gemm {
+
+MB_DEV void tma_store_3d(const TmaMap* map, const bf16_t* smem, int col, int row, int expert) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+                   reinterpret_cast<unsigned long long>(map)),
+               "r"(col), "r"(row), "r"(expert), "r"(smem_addr(smem))
+               : "memory");
+}
+MB_DEV void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// The committed store groups have finished reading shared memory (the buffer may be rewritten).
+MB_DEV void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// The committed store groups have completed (their writes are done).
+MB_DEV void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+template <class Cfg>
+MB_DEV bf16_t* staging_buffer() {
+  return align_1024(dynamic_smem()) + Cfg::STAGES * Cfg::STAGE_ELEMS;
+}
+
+// Where a staged tile goes: its first row and column in one expert's matrix of the map.
+struct StoreTarget {
+  const TmaMap* map;
+  int row, col, expert;
+};
+
+// Consumers only (threads [0, Cfg::THREADS)): stage the accumulator tile as bf16 and issue its
+// stores (thread 0). Returns with the stores in flight on persistent tiles; one-tile blocks
+// wait for them here.
+template <class Cfg>
+MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const StoreTarget& to) {
+  static_assert(Cfg::TSTORE && Cfg::NB == 1, "TMA-store tiles have one B tile");
+  bf16_t* out = staging_buffer<Cfg>();
+  const bool issuer = threadIdx.x == 0;
+  if (issuer) bulk_wait_read_all();  // the previous tile's stores have read the buffer
+  consumer_sync<Cfg>();
+  for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
+    store_bf16x2(out + staged_offset<Cfg::BM>(r, c), v0, v1);
+  });
+  fence_proxy_async_smem();  // this thread's writes, visible to the TMA unit (async proxy)
+  consumer_sync<Cfg>();
+  if (issuer) {
+#pragma unroll
+    for (int j = 0; j < Cfg::BN / 64; ++j)
+      tma_store_3d(to.map, out + j * Cfg::BM * 64, to.col + 64 * j, to.row, to.expert);
+    bulk_commit();
+    if constexpr (!Cfg::PERSISTENT) bulk_wait_all();
+  }
+}
+
+// A persistent block's last act (its schedule has ended): wait for the stores in flight.
+template <class Cfg>
+MB_DEV void tma_store_drain() {
+  if constexpr (Cfg::TSTORE && Cfg::PERSISTENT)
+    if (threadIdx.x == 0) bulk_wait_all();
+}
+
+}  // namespace moeblaze::gemm
