@@ -140,8 +140,19 @@ def run_case(shape, impl, routing, T, steps):
             "peak_alloc_mib": peak_alloc / 2 ** 20}
 
 
+def moeblaze_cli():
+    """The CLI of the build whose library the binding loads (MOEBLAZE_LIBRARY=<build>/lib/...),
+    so the per-kernel breakdown times the same kernels as the table; else build/bin."""
+    lib = os.environ.get("MOEBLAZE_LIBRARY")
+    if lib:
+        cli = Path(lib).resolve().parent.parent / "bin" / "moeblaze"
+        if cli.exists():
+            return cli
+    return HERE.parent / "build" / "bin" / "moeblaze"
+
+
 def kernel_breakdown(name, T):
-    cli = HERE.parent / "build" / "bin" / "moeblaze"
+    cli = moeblaze_cli()
     try:
         out = subprocess.run([str(cli), "bench", "--preset", name, "-T", str(T), "--json"], capture_output=True,
                              text=True, timeout=300, check=True)

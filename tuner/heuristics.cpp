@@ -36,7 +36,8 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std
     // down_wgrad 9.0 -> 7.4 `_wsp_tma` (deepseek-v3 15.2 -> 12.5), up_dgrad 12.4 -> 10.7
     // `_ws_tma`.
     // Session six (run 9 call 2): the weight gradients' TMA-store epilogue took deepseek-v3's
-    // step 87.2 -> 77.2 ms and gpt-oss-20b's 20.4 -> 19.7 (mixtral-8x7b level: 65.9 / 66.5).
+    // step 87.2 -> 77.2 ms and gpt-oss-20b's 20.4 -> 19.7 (mixtral-8x7b: 65.9 -> 66.5, so
+    // not there; below).
     // TMA where the layer allows it (e.g. up_dgrad's MN-major weight boxes need n % 64 == 0);
     // elsewhere the same tile with cp.async loads.
     auto tma = [&](TileConfig t) {
@@ -63,10 +64,20 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std
       case KernelFamily::down_wgrad: {
         // The TMA-store epilogue (_tstore): the consumers stage the tile in shared memory and
         // go on to the next tile while the stores drain; 3 stages leave room for the 64 KiB
-        // staging buffer. Where it is illegal, the 4-stage tile with direct stores.
+        // staging buffer. It pays where an output tile's reduction over one expert's slots is
+        // short (T K / E slots: few k-steps per tile, the epilogue a large part of it) and
+        // costs where it is long (the fourth stage matters more). Run 9 call 2, up_wgrad /
+        // down_wgrad ms, 4-stage direct stores -> _tstore: deepseek-v3 (512 slots per expert)
+        // 28.6 / 12.6 -> 19.3 / 9.6; gpt-oss-20b (2048) 5.04 / 2.30 -> 4.69 / 2.21;
+        // mixtral-8x7b (4096) 16.14 / 7.43 -> 17.11 / 7.69. The slots per expert depend on
+        // the step's tokens, which a kernel's shape does not fix: E / K >= 8 (at most 2048
+        // slots per expert up to 16384 tokens) stands in for them; `moeblaze tune` measures
+        // both tiles at the preset's tokens.
         TileConfig staged = tma(wgmma_tile(128, 256, 3, true, true));
         staged.tma_store = true;
-        if (legality_problem(KernelSpec{family, layer, staged, arch}).empty()) return staged;
+        if (layer.shape.experts >= 8 * layer.shape.topk &&
+            legality_problem(KernelSpec{family, layer, staged, arch}).empty())
+          return staged;
         return tma(wgmma_tile(128, 256, 4, true, true));
       }
       case KernelFamily::up_dgrad: return wide_tile(false);

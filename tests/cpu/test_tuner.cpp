@@ -272,3 +272,23 @@ TEST_CASE("tuner: 192-column tiles where the output is a multiple of 192 but not
   const LayerConfig mixtral = find_preset("mixtral-8x7b").layer;  // 4096 and 14336: multiples of 256
   for (const auto& t : tile_candidates(KernelFamily::down_proj, mixtral, "sm_90a", 8)) CHECK(t.bn != 192);
 }
+
+TEST_CASE("tuner: the weight gradients default to the TMA-store epilogue where experts are many per pick") {
+  for (KernelFamily f : {KernelFamily::up_wgrad, KernelFamily::down_wgrad}) {
+    INFO(to_string(f));
+    // E / K >= 8: few slots per expert, short reductions per tile (deepseek-v3, qwen3, gpt-oss)
+    for (const char* p : {"deepseek-v3", "qwen3-30b-a3b", "qwen3-next-80b", "gpt-oss-20b", "olmoe-1b-7b"}) {
+      const TileConfig t = default_tile(f, find_preset(p).layer, "sm_90a");
+      CHECK_MESSAGE(t.to_string() == "128x256x64_w8x1_s3_wsp_tma_tstore", p);
+    }
+    // mixtral-8x7b (E / K = 4): long reductions, where the fourth stage measured faster
+    CHECK(default_tile(f, find_preset("mixtral-8x7b").layer, "sm_90a").to_string() == "128x256x64_w8x1_s4_wsp_tma");
+    // and both kinds stay candidates for the tuner
+    for (const char* p : {"deepseek-v3", "mixtral-8x7b"}) {
+      std::set<std::string> names;
+      for (const auto& t : tile_candidates(f, find_preset(p).layer, "sm_90a", 8)) names.insert(t.to_string());
+      CHECK_MESSAGE(names.count("128x256x64_w8x1_s3_wsp_tma_tstore") == 1, p);
+      CHECK_MESSAGE(names.count("128x256x64_w8x1_s4_wsp_tma") == 1, p);
+    }
+  }
+}
