@@ -12,9 +12,9 @@
 // Output maps are 3-D, [experts][rows][cols] (runtime/tma.cpp encode_output_map), box
 // [1][BM][64]: rows past an expert's last and columns past the last are out of range, and a
 // TMA store writes nothing there, so partial tiles need no masks. A tile that straddles two
-// output matrices (up_wgrad's dW1 | dW3 when n % BM != 0) keeps the direct stores: storing
-// its dW3 part at a negative row (out of range, to be skipped) stopped the GPU with an
-// illegal instruction.
+// output matrices (up_wgrad's dW1 | dW3 when n % BM != 0) keeps the direct stores: a TMA
+// store at a negative coordinate (its dW3 part, rows before dW3's first) is an illegal
+// instruction on the H200, unlike boxes that run past the far edges, which are clipped.
 //
 // Ordering: before overwriting the buffer, the issuing thread waits until its previous
 // stores have read it (wait_group.read) and the consumers sync; after writing, every writer
