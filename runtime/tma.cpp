@@ -6,17 +6,43 @@
 
 namespace moeblaze {
 
+namespace {
+// The limits of cuTensorMapEncodeTiled (CUDA driver API, "Tensor Map Object Management") that
+// every bf16 view here must meet: `rows` rows of `cols` elements, `ld` elements apart, read or
+// written in boxes of [box_rows][64].
+void check_tma_view(CUdeviceptr base, int64_t rows, int64_t cols, int64_t ld, int box_rows, const char* name) {
+  if (base % 16 != 0) throw InvalidArgument(name, fmt::format("pointer {:#x} is not 16-byte aligned (TMA)", base));
+  if (cols <= 0 || rows <= 0) throw InvalidArgument(name, "is empty");
+  if ((ld * 2) % 16 != 0)
+    throw InvalidArgument(name, fmt::format("rows {} bf16 apart are not a multiple of 16 bytes apart (TMA)", ld));
+  if (ld < cols) throw InvalidArgument(name, fmt::format("row stride {} is below the row width {}", ld, cols));
+  if (box_rows < 1 || box_rows > 256) throw InvalidArgument("tile", fmt::format("TMA box of {} rows", box_rows));
+  if (rows >= (int64_t{1} << 31)) throw InvalidArgument(name, "has 2^31 rows or more (TMA coordinates)");
+}
+
+// One bf16 tensor map in the 128-byte swizzle (the layout of the wgmma stage tiles).
+template <int RANK>
+TmaMap encode_tiled(CUdeviceptr base, const uint64_t (&dims)[RANK], const uint64_t (&strides)[RANK - 1],
+                    const uint32_t (&box)[RANK], const uint32_t (&element_strides)[RANK],
+                    CUtensorMapL2promotion promotion, const char* name) {
+  static_assert(sizeof(TmaMap) == sizeof(CUtensorMap) && alignof(TmaMap) >= alignof(CUtensorMap),
+                "TmaMap must hold a CUtensorMap");
+  CUtensorMap map;
+  const CUresult r = cuda_driver().cuTensorMapEncodeTiled(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, RANK, reinterpret_cast<void*>(base), dims, strides, box,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  check_cuda(r, fmt::format("cuTensorMapEncodeTiled({})", name).c_str());
+  TmaMap out;
+  std::memcpy(&out, &map, sizeof map);
+  return out;
+}
+}  // namespace
+
 WeightMapParams weight_map_params(CUdeviceptr base, int64_t total_rows, int64_t k, int box_rows, const char* name,
                                   int64_t ld) {
   if (ld == 0) ld = k;
-  // The limits of cuTensorMapEncodeTiled (CUDA driver API, "Tensor Map Object Management").
-  if (base % 16 != 0) throw InvalidArgument(name, fmt::format("pointer {:#x} is not 16-byte aligned (TMA)", base));
-  if (k <= 0 || total_rows <= 0) throw InvalidArgument(name, "is empty");
-  if ((ld * 2) % 16 != 0)
-    throw InvalidArgument(name, fmt::format("rows {} bf16 apart are not a multiple of 16 bytes apart (TMA)", ld));
-  if (ld < k) throw InvalidArgument(name, fmt::format("row stride {} is below the row width {}", ld, k));
-  if (box_rows < 1 || box_rows > 256) throw InvalidArgument("tile", fmt::format("TMA box of {} rows", box_rows));
-  if (total_rows >= (int64_t{1} << 31)) throw InvalidArgument(name, "has 2^31 rows or more (TMA coordinates)");
+  check_tma_view(base, total_rows, k, ld, box_rows, name);
   WeightMapParams p;
   p.dims[0] = static_cast<uint64_t>(k);
   p.dims[1] = static_cast<uint64_t>(total_rows);
@@ -28,30 +54,15 @@ WeightMapParams weight_map_params(CUdeviceptr base, int64_t total_rows, int64_t 
 
 TmaMap encode_weight_map(CUdeviceptr base, int64_t total_rows, int64_t k, int box_rows, const char* name,
                          int64_t ld) {
-  static_assert(sizeof(TmaMap) == sizeof(CUtensorMap) && alignof(TmaMap) >= alignof(CUtensorMap),
-                "TmaMap must hold a CUtensorMap");
   const WeightMapParams p = weight_map_params(base, total_rows, k, box_rows, name, ld);
-  CUtensorMap map;
-  const CUresult r = cuda_driver().cuTensorMapEncodeTiled(
-      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, reinterpret_cast<void*>(base), p.dims, p.strides, p.box,
-      p.element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  check_cuda(r, fmt::format("cuTensorMapEncodeTiled({})", name).c_str());
-  TmaMap out;
-  std::memcpy(&out, &map, sizeof map);
-  return out;
+  return encode_tiled<2>(base, p.dims, p.strides, p.box, p.element_strides, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, name);
 }
 
 OutputMapParams output_map_params(CUdeviceptr base, int64_t experts, int64_t rows, int64_t cols, int64_t ld,
                                   int box_rows, const char* name) {
-  if (base % 16 != 0) throw InvalidArgument(name, fmt::format("pointer {:#x} is not 16-byte aligned (TMA)", base));
-  if (experts <= 0 || rows <= 0 || cols <= 0) throw InvalidArgument(name, "is empty");
-  if ((ld * 2) % 16 != 0)
-    throw InvalidArgument(name, fmt::format("rows {} bf16 apart are not a multiple of 16 bytes apart (TMA)", ld));
-  if (ld < cols) throw InvalidArgument(name, fmt::format("row stride {} is below the row width {}", ld, cols));
-  if (box_rows < 1 || box_rows > 256) throw InvalidArgument("tile", fmt::format("TMA box of {} rows", box_rows));
-  if (rows >= (int64_t{1} << 31) || experts >= (int64_t{1} << 31))
-    throw InvalidArgument(name, "has 2^31 rows or more (TMA coordinates)");
+  check_tma_view(base, rows, cols, ld, box_rows, name);
+  if (experts <= 0) throw InvalidArgument(name, "is empty");
+  if (experts >= (int64_t{1} << 31)) throw InvalidArgument(name, "has 2^31 rows or more (TMA coordinates)");
   OutputMapParams p;
   p.dims[0] = static_cast<uint64_t>(cols);
   p.dims[1] = static_cast<uint64_t>(rows);
@@ -67,15 +78,7 @@ OutputMapParams output_map_params(CUdeviceptr base, int64_t experts, int64_t row
 TmaMap encode_output_map(CUdeviceptr base, int64_t experts, int64_t rows, int64_t cols, int64_t ld, int box_rows,
                          const char* name) {
   const OutputMapParams p = output_map_params(base, experts, rows, cols, ld, box_rows, name);
-  CUtensorMap map;
-  const CUresult r = cuda_driver().cuTensorMapEncodeTiled(
-      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, reinterpret_cast<void*>(base), p.dims, p.strides, p.box,
-      p.element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  check_cuda(r, fmt::format("cuTensorMapEncodeTiled({})", name).c_str());
-  TmaMap out;
-  std::memcpy(&out, &map, sizeof map);
-  return out;
+  return encode_tiled<3>(base, p.dims, p.strides, p.box, p.element_strides, CU_TENSOR_MAP_L2_PROMOTION_NONE, name);
 }
 
 // TMA tiles (TileConfig::tma) read their weight tiles through tensor maps in the argument.

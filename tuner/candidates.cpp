@@ -15,7 +15,6 @@ std::vector<KernelFamily> tunable_families(const LayerConfig& layer) {
   return out;
 }
 
-
 std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& layer, const std::string& arch,
                                         int limit) {
   const TileConfig def = default_tile(family, layer, arch);
