@@ -205,6 +205,13 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
       if constexpr (STAGED) return sh.at(r, c);
       else return hg + static_cast<i64>(t.slot0 + r) * hg_ld + (t.n0 - hg_col0) + c;
     };
+    // H straight from global memory (persistent tiles): a thread's H loads go out CH at a time,
+    // all of a batch before any of its dA/dB stores. One element at a time, each load waited
+    // for its own round trip: H and dH alias (in place), so the compiler cannot hoist a load
+    // above the previous element's stores, and a 128x256 tile's thread made 64 such trips.
+    // Batching is safe for the same reason the in-place write is: each thread reads and writes
+    // only its own elements. Staged tiles read shared memory: one at a time.
+    constexpr int CH = STAGED ? 1 : Cfg::NT % 16 == 0 ? 16 : Cfg::NT % 8 == 0 ? 8 : 1;
     if (threadIdx.x < Cfg::THREADS)  // a warp-specialised tile's producer holds no accumulators
 #pragma unroll
     for (int mt = 0; mt < Cfg::MT; ++mt)
@@ -215,27 +222,39 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
         const float g = gate_s[r];
         float dot = 0.f;
 #pragma unroll
-        for (int nt = 0; nt < Cfg::NT; ++nt) {
-          const int c = warp_n * Cfg::WTN + nt * 8 + (lane & 3) * 2;
-          if (!row_ok || c >= cols) continue;
-          const float d0 = acc[0][mt][nt][half * 2], d1 = acc[0][mt][nt][half * 2 + 1];
-          const float2 av = load_bf16x2(a_at(r, c));
-          float h0, h1, da0, da1;
-          if constexpr (G == 2) {
-            const float2 bv = load_bf16x2(b_at(r, c));
-            const float s0 = act_fwd<ACT>(av.x), s1 = act_fwd<ACT>(av.y);
-            h0 = s0 * bv.x; h1 = s1 * bv.y;
-            da0 = g * d0 * bv.x * act_grad<ACT>(av.x);
-            da1 = g * d1 * bv.y * act_grad<ACT>(av.y);
-            store_bf16x2(db_at(r, c), g * d0 * s0, g * d1 * s1);
-          } else {
-            h0 = act_fwd<ACT>(av.x); h1 = act_fwd<ACT>(av.y);
-            da0 = g * d0 * act_grad<ACT>(av.x);
-            da1 = g * d1 * act_grad<ACT>(av.y);
+        for (int nc = 0; nc < Cfg::NT; nc += CH) {
+          __nv_bfloat162 a_raw[CH], b_raw[CH];
+#pragma unroll
+          for (int j = 0; j < CH; ++j) {
+            const int c = warp_n * Cfg::WTN + (nc + j) * 8 + (lane & 3) * 2;
+            if (!row_ok || c >= cols) continue;
+            a_raw[j] = *reinterpret_cast<const __nv_bfloat162*>(a_at(r, c));
+            if constexpr (G == 2) b_raw[j] = *reinterpret_cast<const __nv_bfloat162*>(b_at(r, c));
           }
-          store_bf16x2(da_at(r, c), da0, da1);
-          store_bf16x2(h_at(r, c), g * h0, g * h1);
-          dot += d0 * h0 + d1 * h1;
+#pragma unroll
+          for (int j = 0; j < CH; ++j) {
+            const int nt = nc + j;
+            const int c = warp_n * Cfg::WTN + nt * 8 + (lane & 3) * 2;
+            if (!row_ok || c >= cols) continue;
+            const float d0 = acc[0][mt][nt][half * 2], d1 = acc[0][mt][nt][half * 2 + 1];
+            const float2 av = __bfloat1622float2(a_raw[j]);
+            float h0, h1, da0, da1;
+            if constexpr (G == 2) {
+              const float2 bv = __bfloat1622float2(b_raw[j]);
+              const float s0 = act_fwd<ACT>(av.x), s1 = act_fwd<ACT>(av.y);
+              h0 = s0 * bv.x; h1 = s1 * bv.y;
+              da0 = g * d0 * bv.x * act_grad<ACT>(av.x);
+              da1 = g * d1 * bv.y * act_grad<ACT>(av.y);
+              store_bf16x2(db_at(r, c), g * d0 * s0, g * d1 * s1);
+            } else {
+              h0 = act_fwd<ACT>(av.x); h1 = act_fwd<ACT>(av.y);
+              da0 = g * d0 * act_grad<ACT>(av.x);
+              da1 = g * d1 * act_grad<ACT>(av.y);
+            }
+            store_bf16x2(da_at(r, c), da0, da1);
+            store_bf16x2(h_at(r, c), g * h0, g * h1);
+            dot += d0 * h0 + d1 * h1;
+          }
         }
         // The four lanes of a quad hold the same row: fixed-order butterfly, then per warp.
         dot += __shfl_xor_sync(0xffffffffu, dot, 1);
