@@ -3,7 +3,7 @@
 # wgmma checks, the Python GPU tests and the suite bench on the shapes in $SUITE_SHAPES.
 # Every log goes into $OUT/logs.tar.gz (the device tool returns at most 8 files); a summary
 # line per step goes to stdout and $OUT/summary.txt.
-# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws wsp tma tmaw tmaall dgradstaged bn192 tstore defaults import tune tuned mem py pysuite profile tilecheck bench (default: gpu ws py bench)
+# Usage: tests/gpu/device_all.sh [steps...]   steps: gpu wgmma ws wsp tma tmaw tmaall dgradstaged bn192 tstore dgradwide defaults import tune tuned mem py pysuite profile tilecheck bench (default: gpu ws py bench)
 set -u
 OUT=${OUT:-device-out}
 LOG=$OUT/logs
@@ -175,6 +175,31 @@ tstore)  # the weight gradients' TMA-store epilogue ("_tstore"): small checks (a
   for p in ${TSTORE_BENCH-deepseek-v3 mixtral-8x7b}; do
     step "tstore_bench_$p" 100 $BIN bench --preset "$p" --no-cache $TS
     step "tstore1_bench_$p" 100 $BIN bench --preset "$p" --no-cache $TS1
+    step "default_bench_$p" 100 $BIN bench --preset "$p" --no-cache
+  done ;;
+dgradwide)  # down_dgrad on the persistent warp-specialised tile, whose epilogue reads H straight
+  # from global memory, now in batches (v0.8): 128x256 at 4 and 3 stages and 128x128 at 4. Small
+  # checks (a hang fails at 60 s; a partial column tile, n = 200 with geglu, silu (G = 1) under
+  # skewed routing, the chunked hg columns, recompute), grad-checks on $DGW_PRESETS, benches
+  # against the defaults on $DGW_BENCH.
+  DW="--tile down_dgrad=128x256x64_w8x1_s4_wsp_tma"
+  DW3="--tile down_dgrad=128x256x64_w8x1_s3_wsp_tma"
+  DW128="--tile down_dgrad=128x128x64_w8x1_s4_wsp_tma"
+  FAILS0=$STEP_FAILS
+  step dgw_small_grad 60 $BIN grad-check -E 8 -K 2 -d 256 -n 128 -T 300 $DW
+  if [ "$LAST_RC" -ne 0 ]; then FAILED_BLOCKS="$FAILED_BLOCKS dgradwide"; continue; fi
+  step dgw_small_ragged 60 $BIN grad-check -E 60 -K 4 -d 192 -n 200 -T 777 --activation geglu $DW
+  step dgw_small_skew 60 $BIN grad-check -E 64 -K 8 -d 256 -n 192 -T 1000 --router none --routing skewed --activation silu $DW
+  step dgw_small_chunked 60 $BIN grad-check -E 8 -K 2 -d 128 -n 1000 -T 1000 --routing skewed --router none $DW
+  step dgw_small_recompute 60 $BIN grad-check -E 6 -K 2 -d 192 -n 520 -T 777 --mode recompute --activation gelu $DW
+  step dgw128_small_ragged 60 $BIN grad-check -E 60 -K 4 -d 192 -n 200 -T 777 $DW128
+  if [ "$STEP_FAILS" -ne "$FAILS0" ]; then FAILED_BLOCKS="$FAILED_BLOCKS dgradwide"; continue; fi
+  for p in ${DGW_PRESETS-gpt-oss-20b mixtral-8x7b}; do step "dgw_grad_$p" 200 $BIN grad-check --preset "$p" $DW; done
+  for p in ${DGW_BENCH-gpt-oss-20b mixtral-8x7b deepseek-v3}; do
+    step "dgw_bench_$p" 100 $BIN bench --preset "$p" --no-cache $DW
+    [ -n "${DGW_ONLY:-}" ] && continue
+    step "dgw3_bench_$p" 100 $BIN bench --preset "$p" --no-cache $DW3
+    step "dgw128_bench_$p" 100 $BIN bench --preset "$p" --no-cache $DW128
     step "default_bench_$p" 100 $BIN bench --preset "$p" --no-cache
   done ;;
 defaults)  # grad-check every suite preset with the default tiles (n > d shapes first at a small
