@@ -107,7 +107,7 @@ KernelSet load_kernels(const LayerConfig& layer, const DeviceInfo& device, Kerne
   const std::string arch = device.arch();
   const std::string fingerprint = device_fingerprint(device);
   const int64_t bucket = token_bucket(o.tokens > 0 ? o.tokens : 1);
-  std::vector<KernelSpec> specs = layer_kernel_specs(layer, arch);
+  std::vector<KernelSpec> specs = layer_kernel_specs(layer, arch, o.tokens);
   std::map<std::string, std::vector<Winner>> winners;  // per family, read once
   for (auto& s : specs) {
     KernelChoice c{s.family, s.tile};

@@ -23,7 +23,12 @@ bool fits_192_better(KernelFamily family, const LayerConfig& layer) {
   return cols > 0 && cols % 256 != 0 && cols % 192 == 0;
 }
 
-TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std::string& arch) {
+bool few_slots_per_expert(const LayerConfig& layer, int64_t tokens) {
+  const int64_t E = layer.shape.experts, K = layer.shape.topk;
+  return tokens > 0 ? tokens * K <= 2048 * E : E >= 8 * K;
+}
+
+TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std::string& arch, int64_t tokens) {
   if (is_hopper(arch) && is_tiled(family)) {
     // wgmma: the winners of `moeblaze tune` on the suite shapes (bench/NOTES.md v0.4-v0.6,
     // 2026-11-30), TMA for every operand that is not gathered. Warp-specialised 128x256
@@ -69,13 +74,14 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std
         // costs where it is long (the fourth stage matters more). Run 9 call 2, up_wgrad /
         // down_wgrad ms, 4-stage direct stores -> _tstore: deepseek-v3 (512 slots per expert)
         // 28.6 / 12.6 -> 19.3 / 9.6; gpt-oss-20b (2048) 5.04 / 2.30 -> 4.69 / 2.21;
-        // mixtral-8x7b (4096) 16.14 / 7.43 -> 17.11 / 7.69. The slots per expert depend on
-        // the step's tokens, which a kernel's shape does not fix: E / K >= 8 (at most 2048
-        // slots per expert up to 16384 tokens) stands in for them; `moeblaze tune` measures
-        // both tiles at the preset's tokens.
+        // mixtral-8x7b (4096) 16.14 / 7.43 -> 17.11 / 7.69; session seven (run 10 call 1):
+        // olmoe-1b-7b at 32768 tokens (4096) tunes to the 4-stage tiles, 2.04 / 4.45 -> 1.90 /
+        // 4.17. The slots per expert depend on the step's tokens, which the runtime's load
+        // hint gives (the bindings load one kernel set per token bucket); without it E / K
+        // stands in. `moeblaze tune` measures both tiles.
         TileConfig staged = tma(wgmma_tile(128, 256, 3, true, true));
         staged.tma_store = true;
-        if (layer.shape.experts >= 8 * layer.shape.topk &&
+        if (few_slots_per_expert(layer, tokens) &&
             legality_problem(KernelSpec{family, layer, staged, arch}).empty())
           return staged;
         return tma(wgmma_tile(128, 256, 4, true, true));
@@ -101,20 +107,20 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std
     case KernelFamily::router_logits:
     case KernelFamily::router_dgrad:
     case KernelFamily::router_wgrad: t = {128, 64, 64, 4, 2, 3}; break;
-    case KernelFamily::gate_grad: t = default_tile(KernelFamily::down_dgrad, layer, arch); break;
+    case KernelFamily::gate_grad: t = default_tile(KernelFamily::down_dgrad, layer, arch, tokens); break;
     default: break;
   }
   return t;
 }
 
-std::vector<KernelSpec> layer_kernel_specs(const LayerConfig& layer, const std::string& arch) {
+std::vector<KernelSpec> layer_kernel_specs(const LayerConfig& layer, const std::string& arch, int64_t tokens) {
   std::vector<KernelSpec> specs;
   for (KernelFamily f : all_families()) {
     const bool router_family = f == KernelFamily::router_logits || f == KernelFamily::router_topk ||
                                f == KernelFamily::router_backward || f == KernelFamily::router_dgrad ||
                                f == KernelFamily::router_wgrad;
     if (router_family && layer.router == RouterKind::none) continue;
-    specs.push_back(KernelSpec{f, layer, default_tile(f, layer, arch), arch});
+    specs.push_back(KernelSpec{f, layer, default_tile(f, layer, arch, tokens), arch});
   }
   return specs;
 }

@@ -1,6 +1,7 @@
 // Tile heuristics per architecture: the guaranteed default configuration of every GEMM
 // family (the tuner measures candidates on top of these).
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -9,7 +10,14 @@
 namespace moeblaze {
 
 // The configuration used when nothing has been tuned. Always legal for any valid layer.
-TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std::string& arch);
+// tokens: the step's token count where the caller knows it (the runtime's load hint, the
+// tuner's T), 0 when not; it picks the weight gradients' epilogue (few_slots_per_expert).
+TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std::string& arch, int64_t tokens = 0);
+
+// Whether an expert's slots (T K / E, the weight gradients' reduction length) are few enough
+// that the TMA-store epilogue pays (at most 2048: 32 k-steps of 64); with T unknown (0), E / K
+// >= 8 stands in (at most 2048 slots per expert up to 16384 tokens).
+bool few_slots_per_expert(const LayerConfig& layer, int64_t tokens);
 
 // The columns an expert GEMM's output tiles cover (its N; 0 for the other families).
 int output_columns(KernelFamily family, const LayerConfig& layer);
@@ -21,6 +29,6 @@ bool fits_192_better(KernelFamily family, const LayerConfig& layer);
 
 // Every kernel a layer needs (forward and backward, both checkpoint modes), each with its
 // default tile. gate_grad carries down_dgrad's tile (it sums that kernel's N tiles).
-std::vector<KernelSpec> layer_kernel_specs(const LayerConfig& layer, const std::string& arch);
+std::vector<KernelSpec> layer_kernel_specs(const LayerConfig& layer, const std::string& arch, int64_t tokens = 0);
 
 }  // namespace moeblaze

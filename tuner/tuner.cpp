@@ -181,7 +181,14 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
     LoadReport lr;
     LoadOptions lo;
     lo.tokens = T;
-    for (const auto& s : layer_kernel_specs(layer, arch)) lo.force[s.family] = default_tile(s.family, layer, arch);
+    for (const auto& s : layer_kernel_specs(layer, arch, T)) lo.force[s.family] = s.tile;
+    // Each family's candidate 0 is what the runtime runs untuned at this T (the weight
+    // gradients' default depends on T): moved to the front where the list has it.
+    for (auto& [f, cs] : cands) {
+      const TileConfig def = default_tile(f, layer, arch, T);
+      auto it = std::find_if(cs.begin(), cs.end(), [&](const Candidate& c) { return c.spec.tile == def; });
+      if (it != cs.end()) std::rotate(cs.begin(), it, it + 1);
+    }
     auto base = std::make_shared<KernelSet>(load_kernels(layer, dev, &cache, lo, &lr));
     const MoeLayer base_layer(base);
     CUstream st = ws.stream.get();
@@ -268,7 +275,9 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
           say(fmt::format("  {:<14} {} {}{}: {}", ft.family, c.spec.tile.to_string(), c.failure_status,
                           i == 0 ? " (the default)" : "", c.failure));
       }
-      // Interleaved timing: every sample visits every live candidate once.
+      // Interleaved timing: every sample visits every live candidate once (this T's samples
+      // only: a candidate list serves every T of the run).
+      for (Candidate& c : cs) c.samples.clear();
       KernelTimer timer(f);
       for (int s = 0; s < o.samples; ++s) {
         say(fmt::format("  {:<14} sample {:>2}/{}", ft.family, s + 1, o.samples), true);

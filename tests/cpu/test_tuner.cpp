@@ -292,3 +292,26 @@ TEST_CASE("tuner: the weight gradients default to the TMA-store epilogue where e
     }
   }
 }
+
+TEST_CASE("tuner: with the step's tokens known, the weight gradients' default follows the slots per expert") {
+  const LayerConfig olmoe = find_preset("olmoe-1b-7b").layer;     // E = 64, K = 8
+  const LayerConfig mixtral = find_preset("mixtral-8x7b").layer;  // E = 8, K = 2
+  CHECK(few_slots_per_expert(olmoe, 16384));    // 2048 slots per expert
+  CHECK_FALSE(few_slots_per_expert(olmoe, 16385));
+  CHECK_FALSE(few_slots_per_expert(olmoe, 32768));  // its preset's tokens: 4096 (tuned: the 4-stage tiles)
+  CHECK(few_slots_per_expert(mixtral, 8192));       // 2048
+  CHECK_FALSE(few_slots_per_expert(mixtral, 0));    // unknown T: E / K = 4
+  CHECK(few_slots_per_expert(olmoe, 0));            // unknown T: E / K = 8
+  for (KernelFamily f : {KernelFamily::up_wgrad, KernelFamily::down_wgrad}) {
+    INFO(to_string(f));
+    CHECK(default_tile(f, olmoe, "sm_90a", 32768).to_string() == "128x256x64_w8x1_s4_wsp_tma");
+    CHECK(default_tile(f, olmoe, "sm_90a", 4096).to_string() == "128x256x64_w8x1_s3_wsp_tma_tstore");
+    CHECK(default_tile(f, mixtral, "sm_90a", 2048).to_string() == "128x256x64_w8x1_s3_wsp_tma_tstore");
+    // the other families do not depend on T
+    for (KernelFamily g : {KernelFamily::up_proj, KernelFamily::down_proj, KernelFamily::down_dgrad})
+      CHECK(default_tile(g, olmoe, "sm_90a", 32768) == default_tile(g, olmoe, "sm_90a"));
+  }
+  // the runtime's specs take the same hint
+  for (const auto& s : layer_kernel_specs(olmoe, "sm_90a", 32768))
+    if (s.family == KernelFamily::up_wgrad) CHECK_FALSE(s.tile.tma_store);
+}
