@@ -4,6 +4,7 @@
 // ACT activation. G = 2 for gated activations ([A|B] side by side), else 1.
 #pragma once
 #include "moeblaze/gemm/ws_mainloop.cuh"
+#include "moeblaze/gemm/row_chunks.cuh"
 #include "moeblaze/gemm/rows.cuh"
 #include "moeblaze/gemm/staged_tile.cuh"
 #include "moeblaze/gemm/tma_store.cuh"
@@ -205,6 +206,80 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
       if constexpr (STAGED) return sh.at(r, c);
       else return hg + static_cast<i64>(t.slot0 + r) * hg_ld + (t.n0 - hg_col0) + c;
     };
+    // H straight from global memory (persistent tiles), 16 bytes at a time: the quad's
+    // accumulators are transposed (row_chunks.cuh) so that each lane holds 8 consecutive
+    // columns of its row; a lane's H loads go out for 4 such chunks before any of their stores
+    // (H and dH alias, so the compiler would not move a load above an earlier store; each
+    // lane reads and writes only its own elements, which is also why the in-place write is
+    // safe).
+    constexpr bool VEC = !STAGED && Cfg::NT % 4 == 0;
+    if constexpr (VEC) {
+      constexpr int BLOCKS = Cfg::NT / 4;  // chunks of 4 n8 blocks: one 8-column chunk per lane
+      constexpr int BATCH = BLOCKS % 2 == 0 ? 2 : 1;
+      const int q = lane & 3;
+      if (threadIdx.x < Cfg::THREADS)
+#pragma unroll
+      for (int mt = 0; mt < Cfg::MT; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = warp_m * Cfg::WTM + mt * 16 + (lane >> 2) + half * 8;
+          const bool row_ok = r < t.rows;
+          const float g = gate_s[r];
+          const bf16_t* a_row = H + row0 + static_cast<i64>(r) * (G * N);
+          bf16_t* da_row = dH + row0 + static_cast<i64>(r) * (G * N);
+          bf16_t* h_row = hg + static_cast<i64>(t.slot0 + r) * hg_ld + (t.n0 - hg_col0);
+          float dot = 0.f;
+#pragma unroll
+          for (int b0 = 0; b0 < BLOCKS; b0 += BATCH) {
+            uint4 a_raw[BATCH], b_raw[BATCH];
+#pragma unroll
+            for (int j = 0; j < BATCH; ++j) {
+              const int c = warp_n * Cfg::WTN + ((b0 + j) * 4 + q) * 8;
+              if (!row_ok || c >= cols) continue;
+              a_raw[j] = *reinterpret_cast<const uint4*>(a_row + c);
+              if constexpr (G == 2) b_raw[j] = *reinterpret_cast<const uint4*>(a_row + N + c);
+            }
+#pragma unroll
+            for (int j = 0; j < BATCH; ++j) {
+              float x[4][2];
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                x[i][0] = acc[0][mt][(b0 + j) * 4 + i][half * 2];
+                x[i][1] = acc[0][mt][(b0 + j) * 4 + i][half * 2 + 1];
+              }
+              gemm::quad_transpose(x, lane);  // every lane: shuffles
+              const int c = warp_n * Cfg::WTN + ((b0 + j) * 4 + q) * 8;
+              if (!row_ok || c >= cols) continue;
+              float av[8], bv[8], da[8], db[8], hh[8];
+              gemm::unpack8(a_raw[j], av);
+              if constexpr (G == 2) gemm::unpack8(b_raw[j], bv);
+#pragma unroll
+              for (int e = 0; e < 8; ++e) {
+                const float d = x[e >> 1][e & 1];
+                float h;
+                if constexpr (G == 2) {
+                  const float s = act_fwd<ACT>(av[e]);
+                  h = s * bv[e];
+                  da[e] = g * d * bv[e] * act_grad<ACT>(av[e]);
+                  db[e] = g * d * s;
+                } else {
+                  h = act_fwd<ACT>(av[e]);
+                  da[e] = g * d * act_grad<ACT>(av[e]);
+                }
+                hh[e] = g * h;
+                dot += d * h;
+              }
+              if constexpr (G == 2) *reinterpret_cast<uint4*>(da_row + N + c) = gemm::pack8(db);
+              *reinterpret_cast<uint4*>(da_row + c) = gemm::pack8(da);
+              *reinterpret_cast<uint4*>(h_row + c) = gemm::pack8(hh);
+            }
+          }
+          // The four lanes of a quad hold the same row: fixed-order butterfly, then per warp.
+          dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+          dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+          if ((lane & 3) == 0) red_s[r][warp_n] = dot;
+        }
+    }
     // H straight from global memory (persistent tiles): a thread's H loads go out CH at a time,
     // all of a batch before any of its dA/dB stores. One element at a time, each load waited
     // for its own round trip: H and dH alias (in place), so the compiler cannot hoist a load
@@ -212,7 +287,7 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
     // Batching is safe for the same reason the in-place write is: each thread reads and writes
     // only its own elements. Staged tiles read shared memory: one at a time.
     constexpr int CH = STAGED ? 1 : Cfg::NT % 16 == 0 ? 16 : Cfg::NT % 8 == 0 ? 8 : 1;
-    if (threadIdx.x < Cfg::THREADS)  // a warp-specialised tile's producer holds no accumulators
+    if (!VEC && threadIdx.x < Cfg::THREADS)  // a warp-specialised tile's producer holds no accumulators
 #pragma unroll
     for (int mt = 0; mt < Cfg::MT; ++mt)
 #pragma unroll

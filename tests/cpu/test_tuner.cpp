@@ -315,3 +315,21 @@ TEST_CASE("tuner: with the step's tokens known, the weight gradients' default fo
   for (const auto& s : layer_kernel_specs(olmoe, "sm_90a", 32768))
     if (s.family == KernelFamily::up_wgrad) CHECK_FALSE(s.tile.tma_store);
 }
+
+TEST_CASE("tuner: down_dgrad defaults to the persistent 128x256 tile where its reduction (d) is long") {
+  for (const char* p : {"mixtral-8x7b", "gpt-oss-20b", "deepseek-v3"})  // d = 4096, 2880, 7168
+    CHECK_MESSAGE(default_tile(KernelFamily::down_dgrad, find_preset(p).layer, "sm_90a").to_string() ==
+                      "128x256x64_w8x1_s4_wsp_tma",
+                  p);
+  for (const char* p : {"qwen3-30b-a3b", "olmoe-1b-7b", "qwen3-next-80b"})  // d = 2048
+    CHECK_MESSAGE(default_tile(KernelFamily::down_dgrad, find_preset(p).layer, "sm_90a").to_string() ==
+                      "128x128x64_w8x1_s3_wg",
+                  p);
+  // d not a multiple of 64 cannot take W2 by TMA: the two-blocks-per-SM tile
+  LayerConfig l = find_preset("mixtral-8x7b").layer;
+  l.shape.hidden = 4104;
+  CHECK(default_tile(KernelFamily::down_dgrad, l, "sm_90a").to_string() == "128x128x64_w8x1_s3_wg");
+  // gate_grad sums down_dgrad's column tiles: same tile
+  const LayerConfig gpt = find_preset("gpt-oss-20b").layer;
+  CHECK(default_tile(KernelFamily::gate_grad, gpt, "sm_90a") == default_tile(KernelFamily::down_dgrad, gpt, "sm_90a"));
+}

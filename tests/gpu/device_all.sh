@@ -195,8 +195,10 @@ dgradwide)  # down_dgrad on the persistent warp-specialised tile, whose epilogue
   step dgw128_small_ragged 60 $BIN grad-check -E 60 -K 4 -d 192 -n 200 -T 777 $DW128
   if [ "$STEP_FAILS" -ne "$FAILS0" ]; then FAILED_BLOCKS="$FAILED_BLOCKS dgradwide"; continue; fi
   for p in ${DGW_PRESETS-gpt-oss-20b mixtral-8x7b}; do step "dgw_grad_$p" 200 $BIN grad-check --preset "$p" $DW; done
+  DWG="--tile down_dgrad=128x128x64_w8x1_s3_wg"  # the two-blocks-per-SM tile (the default before v0.8)
   for p in ${DGW_BENCH-gpt-oss-20b mixtral-8x7b deepseek-v3}; do
     step "dgw_bench_$p" 100 $BIN bench --preset "$p" --no-cache $DW
+    step "dgwg_bench_$p" 100 $BIN bench --preset "$p" --no-cache $DWG
     [ -n "${DGW_ONLY:-}" ] && continue
     step "dgw3_bench_$p" 100 $BIN bench --preset "$p" --no-cache $DW3
     step "dgw128_bench_$p" 100 $BIN bench --preset "$p" --no-cache $DW128
