@@ -9,7 +9,7 @@ for p in mixtral-8x7b gpt-oss-20b; do
   timeout 100 ncu --target-processes all --launch-count 1 --section SpeedOfLight --section WarpStateStats \
     --section MemoryWorkloadAnalysis -k "regex:mb_down_dgrad_" \
     --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-    build/bin/moeblaze bench --preset $p --no-cache --steps 5 > $OUT/p/ncu_dgrad_$p.txt 2>&1
+    build/bin/moeblaze bench --preset $p --no-cache --steps 10 > $OUT/p/ncu_dgrad_$p.txt 2>&1
   echo "$p ncu rc=$?"
 done
 grep -E "mb_|Duration|Compute \(SM\)|Memory Throughput|L2 Hit|DRAM Throughput|Warp Cycles Per Issued|issue_stalled_(barrier|long_scoreboard|wait|math|mio|lg_throttle|short|sleeping|no_inst|dispatch|selected|membar|drain)" \
