@@ -212,7 +212,9 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
     // (H and dH alias, so the compiler would not move a load above an earlier store; each
     // lane reads and writes only its own elements, which is also why the in-place write is
     // safe).
-    constexpr bool VEC = !STAGED && Cfg::NT % 4 == 0;
+    // (wgmma tiles only: the mma.sync path, whose fragments share the layout, keeps the
+    // one-element-at-a-time epilogue it was verified with.)
+    constexpr bool VEC = Cfg::WGMMA && !STAGED && Cfg::NT % 4 == 0;
     if constexpr (VEC) {
       constexpr int BLOCKS = Cfg::NT / 4;  // chunks of 4 n8 blocks: one 8-column chunk per lane
       constexpr int BATCH = BLOCKS % 2 == 0 ? 2 : 1;
@@ -286,7 +288,7 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
     // above the previous element's stores, and a 128x256 tile's thread made 64 such trips.
     // Batching is safe for the same reason the in-place write is: each thread reads and writes
     // only its own elements. Staged tiles read shared memory: one at a time.
-    constexpr int CH = STAGED ? 1 : Cfg::NT % 16 == 0 ? 16 : Cfg::NT % 8 == 0 ? 8 : 1;
+    constexpr int CH = STAGED || !Cfg::WGMMA ? 1 : Cfg::NT % 16 == 0 ? 16 : Cfg::NT % 8 == 0 ? 8 : 1;
     if (!VEC && threadIdx.x < Cfg::THREADS)  // a warp-specialised tile's producer holds no accumulators
 #pragma unroll
     for (int mt = 0; mt < Cfg::MT; ++mt)
