@@ -121,6 +121,22 @@ MB_DEV float slot_gate(const RoutingView& rv, int slot, int expert) {
   return g;
 }
 
+// The activation's backward at one element of down_dgrad's epilogue: dh' value d, gate g, the
+// saved pre-activations a (and b, gated) -> dA, dB (gated; else 0) and h = act(a) [* b].
+template <Activation ACT, int G>
+MB_DEV void act_bwd_element(float a, float b, float d, float g, float& da, float& db, float& h) {
+  if constexpr (G == 2) {
+    const float s = act_fwd<ACT>(a);
+    h = s * b;
+    da = g * d * b * act_grad<ACT>(a);
+    db = g * d * s;
+  } else {
+    h = act_fwd<ACT>(a);
+    da = g * d * act_grad<ACT>(a);
+    db = 0.f;
+  }
+}
+
 // ---- backward: down-projection dgrad -------------------------------------------------------
 // dh' = gather(dy) W2_e. Epilogue: recompute h from the saved [A|B], emit
 // dA = g dh' B act'(A), dB = g dh' act(A), hg = g h, and this tile's part of the gate
@@ -259,15 +275,7 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
               for (int e = 0; e < 8; ++e) {
                 const float d = x[e >> 1][e & 1];
                 float h;
-                if constexpr (G == 2) {
-                  const float s = act_fwd<ACT>(av[e]);
-                  h = s * bv[e];
-                  da[e] = g * d * bv[e] * act_grad<ACT>(av[e]);
-                  db[e] = g * d * s;
-                } else {
-                  h = act_fwd<ACT>(av[e]);
-                  da[e] = g * d * act_grad<ACT>(av[e]);
-                }
+                act_bwd_element<ACT, G>(av[e], G == 2 ? bv[e] : 0.f, d, g, da[e], db[e], h);
                 hh[e] = g * h;
                 dot += d * h;
               }
@@ -315,19 +323,11 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
             if (!row_ok || c >= cols) continue;
             const float d0 = acc[0][mt][nt][half * 2], d1 = acc[0][mt][nt][half * 2 + 1];
             const float2 av = __bfloat1622float2(a_raw[j]);
-            float h0, h1, da0, da1;
-            if constexpr (G == 2) {
-              const float2 bv = __bfloat1622float2(b_raw[j]);
-              const float s0 = act_fwd<ACT>(av.x), s1 = act_fwd<ACT>(av.y);
-              h0 = s0 * bv.x; h1 = s1 * bv.y;
-              da0 = g * d0 * bv.x * act_grad<ACT>(av.x);
-              da1 = g * d1 * bv.y * act_grad<ACT>(av.y);
-              store_bf16x2(db_at(r, c), g * d0 * s0, g * d1 * s1);
-            } else {
-              h0 = act_fwd<ACT>(av.x); h1 = act_fwd<ACT>(av.y);
-              da0 = g * d0 * act_grad<ACT>(av.x);
-              da1 = g * d1 * act_grad<ACT>(av.y);
-            }
+            const float2 bv = G == 2 ? __bfloat1622float2(b_raw[j]) : float2{0.f, 0.f};
+            float h0, h1, da0, da1, db0, db1;
+            act_bwd_element<ACT, G>(av.x, bv.x, d0, g, da0, db0, h0);
+            act_bwd_element<ACT, G>(av.y, bv.y, d1, g, da1, db1, h1);
+            if constexpr (G == 2) store_bf16x2(db_at(r, c), db0, db1);
             store_bf16x2(da_at(r, c), da0, da1);
             store_bf16x2(h_at(r, c), g * h0, g * h1);
             dot += d0 * h0 + d1 * h1;
