@@ -56,7 +56,9 @@ Command tune_command() {
     st->app->add_option("--budget", st->budget, "seconds of tuning after which remaining families keep the default")->capture_default_str();
     st->app->add_option("--routing", st->routing, "router | random | balanced | skewed")->capture_default_str();
     st->app->add_option("--samples", st->samples, "timed samples per candidate (>= 10)")->capture_default_str();
-    st->app->add_option("--candidates", st->candidates, "candidates per kernel family")->capture_default_str();
+    st->app->add_option("--candidates", st->candidates,
+                        "candidates per kernel family (plus the default tile of each token count, if the cut left it out)")
+        ->capture_default_str();
     st->app->add_option("--baseline-out", st->baseline_out, "write the tuned kernels' timings as a regress baseline (JSON)");
     st->app->add_flag("--json", st->json, "machine-readable report on stdout");
     st->app->add_flag("--quiet", st->quiet, "no progress lines");

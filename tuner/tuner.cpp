@@ -156,9 +156,16 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
   // 1. Candidates of every family, compiled into the cache (no GPU needed).
   std::map<KernelFamily, std::vector<Candidate>> cands;
   std::vector<Candidate> flat;
-  for (KernelFamily f : tunable_families(layer))
-    for (const TileConfig& t : tile_candidates(f, layer, arch, o.candidates_per_family))
-      flat.push_back(Candidate{KernelSpec{f, layer, t, arch}, std::nullopt, "", "", {}});
+  for (KernelFamily f : tunable_families(layer)) {
+    std::vector<TileConfig> tiles = tile_candidates(f, layer, arch, o.candidates_per_family);
+    // Each T is timed against what the runtime runs untuned at that T (the weight gradients'
+    // default depends on it): that tile is a candidate even where the list was cut before it.
+    for (int64_t T : o.tokens) {
+      const TileConfig def = default_tile(f, layer, arch, T);
+      if (std::find(tiles.begin(), tiles.end(), def) == tiles.end()) tiles.push_back(def);
+    }
+    for (const TileConfig& t : tiles) flat.push_back(Candidate{KernelSpec{f, layer, t, arch}, std::nullopt, "", "", {}});
+  }
   say(fmt::format("compiling {} candidates of {} families for {} ({})", flat.size(), tunable_families(layer).size(),
                   rep.layer, arch));
   build_candidates(flat, cache, rep);
@@ -182,11 +189,9 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
     LoadOptions lo;
     lo.tokens = T;
     for (const auto& s : layer_kernel_specs(layer, arch, T)) lo.force[s.family] = s.tile;
-    // Each family's candidate 0 is what the runtime runs untuned at this T (the weight
-    // gradients' default depends on T): moved to the front where the list has it.
+    // Each family's candidate 0 is this T's default (the list has it, above).
     for (auto& [f, cs] : cands) {
-      const TileConfig def = default_tile(f, layer, arch, T);
-      auto it = std::find_if(cs.begin(), cs.end(), [&](const Candidate& c) { return c.spec.tile == def; });
+      auto it = std::find_if(cs.begin(), cs.end(), [&](const Candidate& c) { return c.spec.tile == lo.force.at(f); });
       if (it != cs.end()) std::rotate(cs.begin(), it, it + 1);
     }
     auto base = std::make_shared<KernelSet>(load_kernels(layer, dev, &cache, lo, &lr));

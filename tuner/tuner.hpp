@@ -22,7 +22,7 @@ struct TuneOptions {
   double budget_s = 300;            // stop measuring new families after this long
   int samples = 10;                 // timed samples per candidate (at least 10)
   double warmup_ms = 200;           // warm-up by time before measuring
-  int candidates_per_family = 12;
+  int candidates_per_family = 12;  // plus each T's default tile where this cut leaves it out
   uint64_t seed = 7;
   std::function<void(const std::string& line, bool transient)> progress;  // transient: may be overwritten
 };

@@ -224,7 +224,7 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
     };
     // H straight from global memory (persistent tiles), 16 bytes at a time: the quad's
     // accumulators are transposed (row_chunks.cuh) so that each lane holds 8 consecutive
-    // columns of its row; a lane's H loads go out for 4 such chunks before any of their stores
+    // columns of its row; a lane's H loads go out for 2 such chunks before any of their stores
     // (H and dH alias, so the compiler would not move a load above an earlier store; each
     // lane reads and writes only its own elements, which is also why the in-place write is
     // safe).
