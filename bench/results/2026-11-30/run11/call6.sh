@@ -19,6 +19,7 @@ for b in build-ht build-hx build-ha; do
 done | tee $OUT/fault.txt
 for p in gpt-oss-20b mixtral-8x7b; do
   [ -n "${DRY_RUN:-}" ] && { echo "trace $p: dry"; continue; }
-  echo "== trace $p"; timeout 60 build-hp/bin/moeblaze bench --preset $p --no-cache 2>&1 | grep -E 'TRACE|down_dgrad |step ' | sort | uniq | head -40
+  echo "== trace $p"; timeout 60 build-hp/bin/moeblaze bench --preset $p --no-cache > $OUT/trace_$p.log 2>&1
+  grep -E 'TRACE' $OUT/trace_$p.log | head -15; grep -E '^ *down_dgrad |step ' $OUT/trace_$p.log; gzip $OUT/trace_$p.log
 done | tee $OUT/trace.txt
 echo "total $(( $(date +%s) - T0 )) s"
