@@ -30,10 +30,25 @@ MB_DEV float2 load_bf16x2(const bf16_t* p) {
   } while (0)
 
 // ---- activations (gelu = tanh approximation, as the host reference) -----------------
+// 1/x by the SFU (rcp.approx: within 1 ulp), for x >= 1 here (no denormal inputs; inf -> 0).
+MB_DEV float rcp_approx(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+// The logistic function without an IEEE division. An IEEE divide (div.rn / rcp.rn) is ~10
+// instructions plus a call to its slow path per element, and the epilogues apply the
+// activation unrolled over a whole tile (down_dgrad: 128 elements a thread, two divides
+// each): that code alone outgrew the instruction cache, and the persistent down_dgrad's
+// epilogue ran at ~70k cycles a tile for ~15k of work (bench/NOTES.md v0.9). The outputs are
+// bf16 (8 bits of mantissa): the approximate reciprocal's error does not reach them.
+// Large |a|: exp(-a) = inf gives 0, exp(-a) = 0 gives 1.
+MB_DEV float sigmoid(float a) { return rcp_approx(1.f + __expf(-a)); }
+
 template <Activation ACT>
 MB_DEV float act_fwd(float a) {
   if constexpr (ACT == Activation::swiglu || ACT == Activation::silu) {
-    return a / (1.f + __expf(-a));
+    return a * sigmoid(a);
   } else if constexpr (ACT == Activation::geglu || ACT == Activation::gelu) {
     const float k0 = 0.7978845608028654f, k1 = 0.044715f;
     return 0.5f * a * (1.f + tanhf(k0 * (a + k1 * a * a * a)));
@@ -44,7 +59,7 @@ MB_DEV float act_fwd(float a) {
 template <Activation ACT>
 MB_DEV float act_grad(float a) {
   if constexpr (ACT == Activation::swiglu || ACT == Activation::silu) {
-    float s = 1.f / (1.f + __expf(-a));
+    const float s = sigmoid(a);  // shared with act_fwd's (the compiler merges the two)
     return s * (1.f + a * (1.f - s));
   } else if constexpr (ACT == Activation::geglu || ACT == Activation::gelu) {
     const float k0 = 0.7978845608028654f, k1 = 0.044715f;

@@ -96,6 +96,29 @@ TEST_CASE("generator: every activation and router variant compiles (caller routi
   }
 }
 
+TEST_CASE("generator: the silu-family epilogues compute the sigmoid without an IEEE division") {
+  // up_proj and down_dgrad apply the activation unrolled over a whole tile; an IEEE divide is
+  // ~10 instructions and a slow-path call per element, and that code outgrew the instruction
+  // cache (bench/NOTES.md v0.9): the sigmoid is rcp.approx(1 + exp(-a)).
+  for (const Preset& p : presets()) {
+    if (!p.in_suite) continue;
+    SUBCASE(p.name.c_str()) {
+      REQUIRE(p.layer.activation == Activation::swiglu);
+      std::vector<KernelSpec> picked;
+      for (const auto& s : layer_kernel_specs(p.layer, "sm_90a"))
+        if (s.family == KernelFamily::up_proj || s.family == KernelFamily::down_dgrad) picked.push_back(s);
+      REQUIRE(picked.size() == 2);
+      for (const auto& b : compile_all(picked, 0, true)) {  // keep the PTX
+        REQUIRE(!b.compiled.ptx.empty());
+        INFO(b.compiled.kernel_name);
+        CHECK(b.compiled.ptx.find("div.rn.f32") == std::string::npos);
+        CHECK(b.compiled.ptx.find("rcp.rn.f32") == std::string::npos);
+        CHECK(b.compiled.ptx.find("rcp.approx.ftz.f32") != std::string::npos);
+      }
+    }
+  }
+}
+
 TEST_CASE("generator: each template header compiles on its own under NVRTC") {
   for (const auto& t : embedded_templates()) {
     SUBCASE(t.name) {
