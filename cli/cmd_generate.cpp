@@ -113,17 +113,20 @@ Command generate_command() {
       if (st->json) {
         fmt::print("  {{\"family\": \"{}\", \"kernel\": \"{}\", \"registers\": {}, \"static_smem\": {}, "
                    "\"dynamic_smem\": {}, \"stack\": {}, \"spill_stores\": {}, \"spill_loads\": {}, "
-                   "\"cubin_bytes\": {}, \"compile_ms\": {:.0f}, \"tile\": \"{}\", \"mma\": \"{}\"}}{}\n",
+                   "\"cubin_bytes\": {}, \"code_bytes\": {}, \"compile_ms\": {:.0f}, \"tile\": \"{}\", \"mma\": \"{}\"}}{}\n",
                    to_string(b.generated.spec.family), b.compiled.kernel_name, r.registers, r.static_smem_bytes,
                    b.generated.dynamic_smem, r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes,
-                   b.compiled.cubin.size(), b.compiled.compile_ms,
+                   b.compiled.cubin.size(), r.code_bytes, b.compiled.compile_ms,
                    is_tiled(b.generated.spec.family) ? b.generated.spec.tile.to_string() : "-", tensor_instruction(b),
                    i + 1 < built.size() ? "," : "");
       } else {
-        fmt::print("  {:<16} regs {:>3}  smem {:>6} + {:>6}  stack {:>3}  spill {:>3}/{:<3}  {:>5.0f} ms  {:<8} {}\n",
+        // code: the kernel's machine code, KiB (an unrolled epilogue that outgrows the
+        // instruction cache shows here first).
+        fmt::print("  {:<16} regs {:>3}  smem {:>6} + {:>6}  stack {:>3}  spill {:>3}/{:<3}  code {:>4} KiB  {:>5.0f} ms  {:<8} {}\n",
                    to_string(b.generated.spec.family), r.registers, r.static_smem_bytes, b.generated.dynamic_smem,
-                   r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes, b.compiled.compile_ms, tensor_instruction(b),
-                   b.compiled.kernel_name);
+                   r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes,
+                   r.code_bytes < 0 ? std::string("?") : fmt::format("{}", (r.code_bytes + 1023) / 1024),
+                   b.compiled.compile_ms, tensor_instruction(b), b.compiled.kernel_name);
       }
       if (st->show_source) fmt::print("{}\n", b.generated.source.text);
     }

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "cubin_code.hpp"
+
 namespace moeblaze {
 
 std::string binary_key(const GeneratedKernel& g, const CompileOptions& options) {
@@ -67,6 +69,7 @@ BuiltKernel from_cached(const GeneratedKernel& g, const CachedBinary& c) {
   k.compiled.cubin = c.cubin;
   k.compiled.log = c.log;
   k.compiled.resources = parse_resource_report(c.log, c.kernel_name);
+  k.compiled.resources.code_bytes = kernel_code_bytes(c.cubin, c.kernel_name);
   k.from_cache = true;
   return k;
 }

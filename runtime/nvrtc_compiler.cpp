@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <regex>
 
+#include "cubin_code.hpp"
+
 #include "embedded_templates.hpp"
 #include "errors.hpp"
 
@@ -141,6 +143,7 @@ CompiledKernel compile_kernel(const KernelSource& source, const CompileOptions& 
   out.log = log;
   out.options = std::move(opts);
   out.resources = parse_resource_report(log, source.kernel_name);
+  out.resources.code_bytes = kernel_code_bytes(out.cubin, out.kernel_name);
   out.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }

@@ -2,6 +2,7 @@
 // Needs no GPU. The kernel templates come from the embedded copies of templates/;
 // CUDA's own headers are found at run time (CUDA_HOME, CUDA_PATH, /usr/local/cuda).
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@ struct ResourceReport {
   int spill_store_bytes = 0;
   int spill_load_bytes = 0;
   int static_smem_bytes = 0;
+  int64_t code_bytes = -1;  // the kernel's machine code (cubin_code.hpp), -1 when unknown
   bool has_spills() const { return spill_store_bytes > 0 || spill_load_bytes > 0 || stack_bytes > 0; }
 };
 

@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "cubin_code.hpp"
 #include "embedded_templates.hpp"
 #include "errors.hpp"
 #include "generator/kernel_spec.hpp"
@@ -117,6 +118,36 @@ TEST_CASE("generator: the silu-family epilogues compute the sigmoid without an I
       }
     }
   }
+}
+
+TEST_CASE("generator: each compiled kernel reports its machine code size from the cubin") {
+  const Preset* gpt = nullptr;
+  for (const Preset& p : presets())
+    if (p.name == "gpt-oss-20b") gpt = &p;
+  REQUIRE(gpt != nullptr);
+  std::vector<KernelSpec> picked;
+  for (const auto& s : layer_kernel_specs(gpt->layer, "sm_90a"))
+    if (s.family == KernelFamily::combine || s.family == KernelFamily::down_dgrad) picked.push_back(s);
+  REQUIRE(picked.size() == 2);
+  const auto built = compile_all(picked);
+  for (const auto& b : built) {
+    INFO(b.compiled.kernel_name);
+    const int64_t code = b.compiled.resources.code_bytes;
+    CHECK(code > 0);
+    CHECK(code % 16 == 0);  // sm_90 instructions are 16 bytes
+    CHECK(code < static_cast<int64_t>(b.compiled.cubin.size()));
+    CHECK(kernel_code_bytes(b.compiled.cubin, b.compiled.kernel_name) == code);
+    CHECK(kernel_code_bytes(b.compiled.cubin, b.compiled.kernel_name + "_other") == -1);  // no such section
+  }
+  // The down dgrad (a tiled GEMM with its epilogue) is far larger than the combine.
+  const bool dgrad_first = built[0].generated.spec.family == KernelFamily::down_dgrad;
+  CHECK(built[dgrad_first ? 0 : 1].compiled.resources.code_bytes >
+        4 * built[dgrad_first ? 1 : 0].compiled.resources.code_bytes);
+  // Not an ELF64 cubin: unknown, not a crash.
+  CHECK(kernel_code_bytes({}, "k") == -1);
+  CHECK(kernel_code_bytes(std::vector<char>(100, 'x'), "k") == -1);
+  std::vector<char> cut(built[0].compiled.cubin.begin(), built[0].compiled.cubin.begin() + 80);
+  CHECK(kernel_code_bytes(cut, built[0].compiled.kernel_name) == -1);  // section headers missing
 }
 
 TEST_CASE("generator: each template header compiles on its own under NVRTC") {
