@@ -6,15 +6,17 @@
 #   build-ro/  branch wip/dgrad-epi-rolled: the epilogues' loop over a thread's two rows kept
 #              rolled (selects pick the accumulator pair): down_dgrad 82 -> 54 KiB of code
 #              (persistent 128x256), 62 -> 45 KiB (_wg 128x128), up_proj 48 -> 34 KiB; no spills
-#              (CPU tests pass); never run on a GPU
+#              (CPU tests pass); call 8 measured down_dgrad -3.2% (gpt-oss), -4.7% (mixtral)
+#              and ran the small checks and gpt-oss's grad-check; the rest of its checks are here
 # Carry ["build/bin","build/lib","build-ro"].
 # Check without a GPU first: DRY_RUN=1 OUT=/tmp/x bash bench/results/2026-11-30/run11/next_call.sh
 # 1. Confirm the instruction-cache reading (bench/NOTES.md v0.9, 6-7): ncu's stall reasons on
 #    down_dgrad, main against the rolled build: "no instruction" should be a large share on main
 #    and fall with the code.
-# 2. A/B benches on all six suite shapes. Prediction: mixtral down_dgrad 8.6 -> ~7.3 ms, gpt-oss
-#    2.6 -> ~2.2 (its step ~19.3: 1.3x the baseline), the d = 2048 shapes' _wg down_dgrad -10%,
-#    up_proj a few % at most.
+# 2. A/B benches on all six suite shapes. Prediction (after call 8): down_dgrad -3..-5% on every
+#    shape (the _wg tile of the d = 2048 shapes included), up_proj ~-1%.
+#    The stall reasons say what the next cut needs: if "no instruction" is small on both builds,
+#    the epilogue is latency-bound (2 warps a scheduler) and wants more independent work per warp.
 # 3. The rolled build's checks: C++ GPU tests, the small checks, the default grad-checks.
 set -u
 D=tests/gpu/device_all.sh
