@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include "cubin_code.hpp"
-
 namespace moeblaze {
 
 std::string binary_key(const GeneratedKernel& g, const CompileOptions& options) {
@@ -68,8 +66,7 @@ BuiltKernel from_cached(const GeneratedKernel& g, const CachedBinary& c) {
   k.compiled.arch = c.arch;
   k.compiled.cubin = c.cubin;
   k.compiled.log = c.log;
-  k.compiled.resources = parse_resource_report(c.log, c.kernel_name);
-  k.compiled.resources.code_bytes = kernel_code_bytes(c.cubin, c.kernel_name);
+  k.compiled.resources = kernel_resources(c.log, c.cubin, c.kernel_name);
   k.from_cache = true;
   return k;
 }

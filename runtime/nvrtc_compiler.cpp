@@ -9,7 +9,6 @@
 #include <regex>
 
 #include "cubin_code.hpp"
-
 #include "embedded_templates.hpp"
 #include "errors.hpp"
 
@@ -99,6 +98,12 @@ ResourceReport parse_resource_report(const std::string& log, const std::string& 
   return r;
 }
 
+ResourceReport kernel_resources(const std::string& log, const std::vector<char>& cubin, const std::string& kernel_name) {
+  ResourceReport r = parse_resource_report(log, kernel_name);
+  r.code_bytes = kernel_code_bytes(cubin, kernel_name);
+  return r;
+}
+
 CompiledKernel compile_kernel(const KernelSource& source, const CompileOptions& options) {
   const std::string inc = find_cuda_include_dir();
   std::vector<std::string> opts = {
@@ -142,8 +147,7 @@ CompiledKernel compile_kernel(const KernelSource& source, const CompileOptions& 
   }
   out.log = log;
   out.options = std::move(opts);
-  out.resources = parse_resource_report(log, source.kernel_name);
-  out.resources.code_bytes = kernel_code_bytes(out.cubin, out.kernel_name);
+  out.resources = kernel_resources(log, out.cubin, out.kernel_name);
   out.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }

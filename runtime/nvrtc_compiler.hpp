@@ -54,6 +54,9 @@ std::string nvrtc_version();
 
 // Parses the ptxas -v lines of an NVRTC log for `kernel_name`.
 ResourceReport parse_resource_report(const std::string& log, const std::string& kernel_name);
+// A compiled kernel's whole report: the log's lines plus the code size read from its cubin
+// (freshly compiled and cached kernels alike).
+ResourceReport kernel_resources(const std::string& log, const std::vector<char>& cubin, const std::string& kernel_name);
 
 // 64-bit FNV-1a, the hash used for template and cache keys.
 unsigned long long fnv1a64(const std::string& text, unsigned long long seed = 14695981039346656037ull);  // FNV-1a 64 offset basis
