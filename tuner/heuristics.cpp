@@ -23,8 +23,9 @@ bool fits_192_better(KernelFamily family, const LayerConfig& layer) {
   return cols > 0 && cols % 256 != 0 && cols % 192 == 0;
 }
 
-// down_dgrad's reduction length (d) from which the persistent 128x256 tile is the default.
-constexpr int kLongDgradReduction = 2560;
+// down_dgrad's reduction length (d) from which the persistent 128x256 tile is the default
+// (measured down to d = 2048; shorter reductions are unmeasured and keep the `_wg` tile).
+constexpr int kLongDgradReduction = 2048;
 
 bool few_slots_per_expert(const LayerConfig& layer, int64_t tokens) {
   const int64_t E = layer.shape.experts, K = layer.shape.topk;
@@ -91,14 +92,15 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std
       }
       case KernelFamily::up_dgrad: return wide_tile(false);
       case KernelFamily::down_dgrad: {
-        // Long reductions (d >= 2560: 40 k-steps of 64 or more): the persistent 128x256 tile,
+        // Long reductions (d >= 2048: 32 k-steps of 64 or more): the persistent 128x256 tile,
         // whose mainloop has twice the math per gathered row of the 128x128 one and whose
         // epilogue reads H and writes dA/dB/hg from registers, 16 bytes a lane. Run 10 call 2
         // (H in 4-byte batches then), down_dgrad ms against the `_wg` 128x128 s3: deepseek-v3
         // (d 7168) 11.33 -> 9.52, mixtral-8x7b (4096) 11.33 -> 10.59, gpt-oss-20b (2880) 3.32
-        // -> 3.22, but qwen3-30b-a3b (2048) 2.69 -> 2.81. Short reductions keep the two-blocks-
-        // per-SM tile, whose heavy epilogue (staged through shared memory) overlaps the other
-        // block's mainloop.
+        // -> 3.22, but qwen3-30b-a3b (2048) 2.69 -> 2.81 then. Since the epilogue lost its IEEE
+        // divides and unrolled rows (run 12 call 2), d = 2048 gains too: olmoe-1b-7b 3.32 ->
+        // 2.84, qwen3-30b-a3b 2.46 -> 2.08, qwen3-next-80b 2.20 -> 2.01. Shorter reductions
+        // keep the two-blocks-per-SM tile, whose epilogue overlaps the other block's mainloop.
         TileConfig wide = tma(wgmma_tile(128, 256, 4, true, true));
         if (wide.tma && layer.shape.hidden >= kLongDgradReduction) return wide;
         return wgmma_tile(128, 128, 3);

@@ -317,14 +317,15 @@ TEST_CASE("tuner: with the step's tokens known, the weight gradients' default fo
 }
 
 TEST_CASE("tuner: down_dgrad defaults to the persistent 128x256 tile where its reduction (d) is long") {
-  for (const char* p : {"mixtral-8x7b", "gpt-oss-20b", "deepseek-v3"})  // d = 4096, 2880, 7168
+  // d = 4096, 2880, 7168, 2048, 2048, 2048
+  for (const char* p : {"mixtral-8x7b", "gpt-oss-20b", "deepseek-v3", "qwen3-30b-a3b", "olmoe-1b-7b", "qwen3-next-80b"})
     CHECK_MESSAGE(default_tile(KernelFamily::down_dgrad, find_preset(p).layer, "sm_90a").to_string() ==
                       "128x256x64_w8x1_s4_wsp_tma",
                   p);
-  for (const char* p : {"qwen3-30b-a3b", "olmoe-1b-7b", "qwen3-next-80b"})  // d = 2048
-    CHECK_MESSAGE(default_tile(KernelFamily::down_dgrad, find_preset(p).layer, "sm_90a").to_string() ==
-                      "128x128x64_w8x1_s3_wg",
-                  p);
+  // a short reduction (d = 1024: 16 k-steps) keeps the two-blocks-per-SM tile
+  LayerConfig short_d = find_preset("qwen3-30b-a3b").layer;
+  short_d.shape.hidden = 1024;
+  CHECK(default_tile(KernelFamily::down_dgrad, short_d, "sm_90a").to_string() == "128x128x64_w8x1_s3_wg");
   // d not a multiple of 64 cannot take W2 by TMA: the two-blocks-per-SM tile
   LayerConfig l = find_preset("mixtral-8x7b").layer;
   l.shape.hidden = 4104;
