@@ -120,8 +120,7 @@ Command generate_command() {
                    is_tiled(b.generated.spec.family) ? b.generated.spec.tile.to_string() : "-", tensor_instruction(b),
                    i + 1 < built.size() ? "," : "");
       } else {
-        // code: the kernel's machine code, KiB (an unrolled epilogue that outgrows the
-        // instruction cache shows here first).
+        // code: the kernel's machine code, KiB (how far an epilogue's unrolling has gone).
         fmt::print("  {:<16} regs {:>3}  smem {:>6} + {:>6}  stack {:>3}  spill {:>3}/{:<3}  code {:>4} KiB  {:>5.0f} ms  {:<8} {}\n",
                    to_string(b.generated.spec.family), r.registers, r.static_smem_bytes, b.generated.dynamic_smem,
                    r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes,

@@ -39,8 +39,9 @@ MB_DEV float rcp_approx(float x) {
 // The logistic function without an IEEE division. An IEEE divide (div.rn / rcp.rn) is ~10
 // instructions plus a call to its slow path per element, and the epilogues apply the
 // activation unrolled over a whole tile (down_dgrad: 128 elements a thread, two divides
-// each): that code alone outgrew the instruction cache, and the persistent down_dgrad's
-// epilogue ran at ~70k cycles a tile for ~15k of work (bench/NOTES.md v0.9). The outputs are
+// each, each a dependent chain: rcp, Newton steps, the slow-path test): the persistent
+// down_dgrad's epilogue ran ~70k cycles a tile for ~15k of work, and 19% faster without them
+// (bench/NOTES.md v0.9; v1.0: not through the instruction cache, as first read). The outputs are
 // bf16 (8 bits of mantissa): the approximate reciprocal's error does not reach them.
 // Large |a|: exp(-a) = inf gives 0, exp(-a) = 0 gives 1.
 MB_DEV float sigmoid(float a) { return rcp_approx(1.f + __expf(-a)); }
