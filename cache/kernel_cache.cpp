@@ -19,6 +19,8 @@
 #include <optional>
 #include <thread>
 
+#include "core/hash.hpp"
+
 namespace moeblaze {
 namespace fs = std::filesystem;
 using namespace cache_detail;
@@ -49,13 +51,6 @@ CREATE TABLE winners(
   median_ms REAL, spread_ms REAL, default_ms REAL, created REAL NOT NULL);
 CREATE INDEX winners_by_shape ON winners(family, template_hash, shape, device);
 )sql";
-
-uint64_t fnv1a64(const void* data, size_t n) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t h = 14695981039346656037ull;  // FNV-1a 64 offset basis
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
 
 // Checks the path before SQLite sees it, so that the error names the path and the OS's
 // reason instead of SQLite's "unable to open database file".

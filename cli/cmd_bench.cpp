@@ -6,9 +6,9 @@
 
 #include "cache/kernel_cache.hpp"
 #include "cli/commands.hpp"
-#include "cuda_driver.hpp"
-#include "moe_layer.hpp"
-#include "tuner/heuristics.hpp"
+#include "generator/heuristics.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "runtime/moe_layer.hpp"
 #include "tuner/measure.hpp"
 
 namespace moeblaze::cli {

@@ -5,7 +5,7 @@
 
 #include "cache/kernel_cache.hpp"
 #include "cli/commands.hpp"
-#include "errors.hpp"
+#include "core/errors.hpp"
 
 namespace moeblaze::cli {
 

@@ -3,9 +3,9 @@
 #include <fmt/format.h>
 
 #include "cli/commands.hpp"
-#include "cuda_driver.hpp"
-#include "cache_keys.hpp"
-#include "layer_check.hpp"
+#include "runtime/cache_keys.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "testing/layer_check.hpp"
 
 namespace moeblaze::cli {
 namespace {

@@ -5,9 +5,9 @@
 #include <fstream>
 
 #include "cli/commands.hpp"
-#include "kernel_set.hpp"
-#include "nvrtc_compiler.hpp"
-#include "tuner/heuristics.hpp"
+#include "generator/heuristics.hpp"
+#include "runtime/kernel_set.hpp"
+#include "runtime/nvrtc_compiler.hpp"
 
 namespace moeblaze::cli {
 namespace {

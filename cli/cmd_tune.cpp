@@ -7,7 +7,7 @@
 
 #include "cache/kernel_cache.hpp"
 #include "cli/commands.hpp"
-#include "cuda_driver.hpp"
+#include "runtime/cuda_driver.hpp"
 #include "tuner/measure.hpp"
 #include "tuner/tuner.hpp"
 

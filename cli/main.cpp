@@ -6,7 +6,7 @@
 #include <cstdio>
 
 #include "cli/commands.hpp"
-#include "errors.hpp"
+#include "core/errors.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"moeblaze: MoE layer kernels for Hopper GPUs, generated per shape, compiled with NVRTC"};

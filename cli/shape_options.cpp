@@ -1,7 +1,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.hpp"
-#include "errors.hpp"
+#include "core/errors.hpp"
 
 namespace moeblaze::cli {
 

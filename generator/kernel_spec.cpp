@@ -4,7 +4,7 @@
 
 #include <cstdio>
 
-#include "errors.hpp"
+#include "core/errors.hpp"
 
 namespace moeblaze {
 namespace {

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "kernel_source.hpp"
 #include "layer_config.hpp"
-#include "nvrtc_compiler.hpp"
 
 namespace moeblaze {
 

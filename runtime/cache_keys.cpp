@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "generator/embedded_templates.hpp"
+
 namespace moeblaze {
 
 std::string binary_key(const GeneratedKernel& g, const CompileOptions& options) {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "errors.hpp"
+#include "core/errors.hpp"
 
 namespace moeblaze {
 

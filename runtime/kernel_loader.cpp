@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "cache_keys.hpp"
-#include "tuner/heuristics.hpp"
+#include "generator/heuristics.hpp"
 
 namespace moeblaze {
 namespace {

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <thread>
 
-#include "tuner/heuristics.hpp"
+#include "generator/heuristics.hpp"
 
 namespace moeblaze {
 

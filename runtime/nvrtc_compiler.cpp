@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <regex>
 
+#include "core/errors.hpp"
 #include "cubin_code.hpp"
-#include "embedded_templates.hpp"
-#include "errors.hpp"
+#include "generator/embedded_templates.hpp"
 
 namespace moeblaze {
 namespace {
@@ -156,24 +156,6 @@ std::string nvrtc_version() {
   int major = 0, minor = 0;
   nvrtcVersion(&major, &minor);
   return fmt::format("{}.{}", major, minor);
-}
-
-unsigned long long fnv1a64(const std::string& text, unsigned long long seed) {
-  unsigned long long h = seed;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-unsigned long long templates_hash() {
-  unsigned long long h = fnv1a64("moeblaze-templates");
-  for (const auto& t : embedded_templates()) {
-    h = fnv1a64(t.name, h);
-    h = fnv1a64(std::string(t.view()), h);
-  }
-  return h;
 }
 
 }  // namespace moeblaze

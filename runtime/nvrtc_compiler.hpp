@@ -6,14 +6,9 @@
 #include <string>
 #include <vector>
 
-namespace moeblaze {
+#include "generator/kernel_source.hpp"
 
-// One translation unit holding one extern "C" kernel.
-struct KernelSource {
-  std::string kernel_name;  // the extern "C" symbol
-  std::string file_name;    // name NVRTC reports in diagnostics
-  std::string text;
-};
+namespace moeblaze {
 
 struct ResourceReport {
   int registers = -1;
@@ -57,12 +52,5 @@ ResourceReport parse_resource_report(const std::string& log, const std::string& 
 // A compiled kernel's whole report: the log's lines plus the code size read from its cubin
 // (freshly compiled and cached kernels alike).
 ResourceReport kernel_resources(const std::string& log, const std::vector<char>& cubin, const std::string& kernel_name);
-
-// 64-bit FNV-1a, the hash used for template and cache keys.
-unsigned long long fnv1a64(const std::string& text, unsigned long long seed = 14695981039346656037ull);  // FNV-1a 64 offset basis
-
-// Hash of every embedded template header (names and contents): changes whenever any
-// kernel template changes.
-unsigned long long templates_hash();
 
 }  // namespace moeblaze

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "heuristics.hpp"
+#include "generator/heuristics.hpp"
 
 namespace moeblaze {
 

@@ -7,9 +7,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "cache_keys.hpp"
-#include "kernel_timer.hpp"
-#include "workspace.hpp"
+#include "runtime/cache_keys.hpp"
+#include "runtime/kernel_timer.hpp"
+#include "testing/workspace.hpp"
 
 namespace moeblaze {
 namespace {

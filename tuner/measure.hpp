@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "cache/kernel_cache.hpp"
-#include "kernel_loader.hpp"
-#include "moe_layer.hpp"
+#include "runtime/kernel_loader.hpp"
+#include "runtime/moe_layer.hpp"
 
 namespace moeblaze {
 

@@ -9,13 +9,13 @@
 #include <mutex>
 #include <thread>
 
-#include "bf16.hpp"
-#include "cache_keys.hpp"
 #include "candidates.hpp"
-#include "heuristics.hpp"
-#include "kernel_loader.hpp"
-#include "kernel_timer.hpp"
-#include "workspace.hpp"
+#include "core/bf16.hpp"
+#include "generator/heuristics.hpp"
+#include "runtime/cache_keys.hpp"
+#include "runtime/kernel_loader.hpp"
+#include "runtime/kernel_timer.hpp"
+#include "testing/workspace.hpp"
 
 namespace moeblaze {
 namespace {

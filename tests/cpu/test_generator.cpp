@@ -9,13 +9,14 @@
 #include <set>
 #include <sstream>
 
-#include "cubin_code.hpp"
-#include "embedded_templates.hpp"
-#include "errors.hpp"
+#include "core/errors.hpp"
+#include "core/hash.hpp"
+#include "generator/embedded_templates.hpp"
+#include "generator/heuristics.hpp"
 #include "generator/kernel_spec.hpp"
-#include "kernel_set.hpp"
-#include "nvrtc_compiler.hpp"
-#include "tuner/heuristics.hpp"
+#include "runtime/cubin_code.hpp"
+#include "runtime/kernel_set.hpp"
+#include "runtime/nvrtc_compiler.hpp"
 
 using namespace moeblaze;
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "reference/reference.hpp"
+#include "testing/reference/reference.hpp"
 
 namespace ref = moeblaze::reference;
 using moeblaze::Activation;

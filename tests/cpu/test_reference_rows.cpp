@@ -4,8 +4,8 @@
 
 #include <cmath>
 
-#include "host_data.hpp"
-#include "reference/reference.hpp"
+#include "testing/host_data.hpp"
+#include "testing/reference/reference.hpp"
 
 using namespace moeblaze;
 

@@ -9,11 +9,12 @@
 #include <fstream>
 #include <set>
 
-#include "cache_keys.hpp"
-#include "errors.hpp"
-#include "kernel_loader.hpp"
+#include "core/errors.hpp"
+#include "core/hash.hpp"
+#include "generator/heuristics.hpp"
+#include "runtime/cache_keys.hpp"
+#include "runtime/kernel_loader.hpp"
 #include "tuner/candidates.hpp"
-#include "tuner/heuristics.hpp"
 #include "tuner/measure.hpp"
 #include "tuner/tuner.hpp"
 

@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <string>
 
-#include "errors.hpp"
+#include "core/errors.hpp"
 #include "generator/layer_config.hpp"
-#include "moe_layer.hpp"
-#include "tma.hpp"
+#include "runtime/moe_layer.hpp"
+#include "runtime/tma.hpp"
 
 using namespace moeblaze;
 

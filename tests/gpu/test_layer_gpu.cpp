@@ -6,9 +6,9 @@
 
 #include <cstdio>
 
-#include "bf16.hpp"
-#include "cuda_driver.hpp"
-#include "layer_check.hpp"
+#include "core/bf16.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "testing/layer_check.hpp"
 
 using namespace moeblaze;
 

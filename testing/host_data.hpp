@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "bf16.hpp"
+#include "core/bf16.hpp"
 
 namespace moeblaze {
 

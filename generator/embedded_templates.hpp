@@ -3,6 +3,7 @@
 // "moeblaze/common.cuh", exactly as kernels #include them.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 #include <vector>
 
@@ -16,5 +17,9 @@ struct EmbeddedTemplate {
 };
 
 const std::vector<EmbeddedTemplate>& embedded_templates();
+
+// Hash of every embedded template header (names and contents): changes whenever any
+// kernel template changes. Part of every cache key.
+uint64_t templates_hash();
 
 }  // namespace moeblaze

@@ -9,7 +9,7 @@
 #include <set>
 
 #include "host_data.hpp"
-#include "kernel_loader.hpp"
+#include "runtime/kernel_loader.hpp"
 
 #include <optional>
 #include "reference/reference.hpp"

@@ -10,10 +10,10 @@
 #include <string>
 
 #include "cache/kernel_cache.hpp"
-#include "cache_keys.hpp"
-#include "kernel_loader.hpp"
-#include "moe_layer.hpp"
-#include "tuner/heuristics.hpp"
+#include "generator/heuristics.hpp"
+#include "runtime/cache_keys.hpp"
+#include "runtime/kernel_loader.hpp"
+#include "runtime/moe_layer.hpp"
 #include "tuner/tuner.hpp"
 
 struct mb_layer {

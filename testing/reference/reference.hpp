@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "bf16.hpp"
+#include "core/bf16.hpp"
 #include "moeblaze/common.cuh"
 
 namespace moeblaze::reference {

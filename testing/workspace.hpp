@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "moe_layer.hpp"
+#include "runtime/moe_layer.hpp"
 
 namespace moeblaze {
 

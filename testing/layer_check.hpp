@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "cache/kernel_cache.hpp"
-#include "moe_layer.hpp"
+#include "runtime/moe_layer.hpp"
 
 namespace moeblaze {
 

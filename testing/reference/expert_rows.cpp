@@ -5,8 +5,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "host_data.hpp"
 #include "reference.hpp"
+#include "testing/host_data.hpp"
 
 namespace moeblaze::reference {
 

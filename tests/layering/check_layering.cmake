@@ -1,0 +1,58 @@
+# Script of the CTest `layering` (see layering.cmake): builds every probe and checks that the
+# allowed includes compile and each forbidden one fails because the header is not on the
+# layer's include path. Also refuses `#include "../..."`, which would step around the roots.
+cmake_minimum_required(VERSION 3.24)
+set(failures "")
+
+foreach(layer IN LISTS LAYERS)
+  execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD_DIR} --target layering_allowed_${layer}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    list(APPEND failures "${layer}: including the layers below it does not compile:\n${out}")
+  endif()
+endforeach()
+
+foreach(layer IN LISTS LAYERS)
+  set(expected "")
+  foreach(e IN LISTS EXPECTATIONS)
+    string(REPLACE "|" ";" pair "${e}")
+    list(GET pair 0 l)
+    list(GET pair 1 header)
+    if(l STREQUAL layer)
+      list(APPEND expected ${header})
+    endif()
+  endforeach()
+  if(NOT expected)
+    continue()
+  endif()
+  # -k: every probe file of the layer is compiled, each must fail on its own include.
+  execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD_DIR} --target layering_forbidden_${layer} -- -k
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(rc EQUAL 0)
+    list(APPEND failures "${layer}: an include of a layer above it compiled")
+  endif()
+  foreach(header IN LISTS expected)
+    string(FIND "${out}" "${header}: No such file or directory" at)
+    if(at EQUAL -1)
+      list(APPEND failures "${layer}: including ${header} did not fail for want of the header:\n${out}")
+    else()
+      message(STATUS "${layer} cannot include ${header}: ok")
+    endif()
+  endforeach()
+endforeach()
+
+foreach(layer IN LISTS LAYERS)
+  file(GLOB_RECURSE files ${SOURCE_DIR}/${layer}/*.cpp ${SOURCE_DIR}/${layer}/*.hpp ${SOURCE_DIR}/${layer}/*.h)
+  foreach(f IN LISTS files)
+    file(STRINGS ${f} lines REGEX "^[ \t]*#[ \t]*include[ \t]*\"\\.\\./")
+    if(lines)
+      list(APPEND failures "${f}: includes through \"../\", around the layer roots: ${lines}")
+    endif()
+  endforeach()
+endforeach()
+
+if(failures)
+  string(REPLACE ";" "\n" text "${failures}")
+  message(FATAL_ERROR "layering broken:\n${text}")
+endif()
+message(STATUS "every layer sees the layers below it and no others")
