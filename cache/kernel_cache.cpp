@@ -237,7 +237,9 @@ double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string checksum(const std::vector<char>& blob) { return fmt::format("{:016x}", fnv1a64(blob.data(), blob.size())); }
+std::string checksum(const std::vector<char>& blob) {
+  return fmt::format("{:016x}", fnv1a64(std::string_view(blob.data(), blob.size())));
+}
 
 std::string file_uri(const std::string& path, const char* query) {
   std::string uri = "file:";
@@ -250,7 +252,7 @@ std::string file_uri(const std::string& path, const char* query) {
 
 }  // namespace cache_detail
 
-std::string key_hash(const std::string& text) { return fmt::format("{:016x}", fnv1a64(text.data(), text.size())); }
+std::string key_hash(const std::string& text) { return fmt::format("{:016x}", fnv1a64(text)); }
 
 std::string TuningKey::text() const {
   return fmt::format("family={};template={};shape={};bucket={};device={};policy={}", escape_field(family),

@@ -312,6 +312,14 @@ int mb_layer_backward(const mb_layer* layer, const mb_state* state, const mb_bac
   });
 }
 
+int mb_token_bucket(int64_t tokens, int64_t* bucket) {
+  return guarded([&] {
+    need(bucket, "bucket");
+    if (tokens < 0) throw InvalidArgument("tokens", fmt::format("T = {} must not be negative", tokens));
+    *bucket = token_bucket(tokens);
+  });
+}
+
 int mb_tune(const mb_layer_config* config, const int64_t* tokens, int32_t n_tokens, const char* cache_path,
             double budget_s, char* buf, size_t size) {
   return guarded([&] {

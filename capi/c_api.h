@@ -110,6 +110,10 @@ MB_API int mb_layer_forward(const mb_layer* layer, const mb_forward_args* args, 
 /* Consumes the state: in save-h mode the saved buffer's H becomes dH (one backward per forward). */
 MB_API int mb_layer_backward(const mb_layer* layer, const mb_state* state, const mb_backward_args* args, uint64_t stream);
 
+/* The token bucket of a token count (a power of two, 1 for tokens 0 and 1): tuned tiles are
+ * stored and looked up per bucket, so a binding keeps one loaded layer per bucket. */
+MB_API int mb_token_bucket(int64_t tokens, int64_t* bucket);
+
 /* Tunes the layer for the token counts into the cache (compile-only without a GPU); the
  * report (JSON) is written to buf. */
 MB_API int mb_tune(const mb_layer_config* config, const int64_t* tokens, int32_t n_tokens, const char* cache_path,

@@ -108,8 +108,7 @@ Command plan_command() {
     if (!st->json) fmt::print("{} T={}\n", l.describe(), T);
     for (CheckpointMode m : {CheckpointMode::save_h, CheckpointMode::recompute}) {
       const MemoryPlan p = plan_memory(l, T, m, bn);
-      const size_t io = size_t(T) * l.shape.hidden * 2 * 2;  // y and dx
-      const size_t peak = p.saved_bytes + std::max(p.forward_scratch_bytes, p.backward_scratch_bytes) + io;
+      const size_t peak = peak_bytes(p, l, T);
       if (st->json) {
         j[to_string(m)] = {{"saved_bytes", p.saved_bytes}, {"forward_scratch_bytes", p.forward_scratch_bytes},
                            {"backward_scratch_bytes", p.backward_scratch_bytes}, {"h_floor_bytes", p.h_floor_bytes},

@@ -80,8 +80,9 @@ Command generate_command() {
     const LayerConfig layer = st->shape.layer();
     auto specs = layer_kernel_specs(layer, st->arch);
     for (const auto& [f, tile] : parse_tiles(st->tiles, "--tile"))
-      for (auto& s : specs)  // gate_grad sums down_dgrad's N tiles: it follows down_dgrad
-        if (s.family == f || (f == KernelFamily::down_dgrad && s.family == KernelFamily::gate_grad)) s.tile = tile;
+      for (auto& s : specs)
+        if (s.family == f) s.tile = tile;
+    tie_following_tiles(specs);
     if (st->check_only) {  // generate() throws InvalidArgument("tile", why) on an illegal tile
       for (const auto& s : specs) (void)generate(s);
       fmt::print("{} for {}: {} kernels, every tile legal\n", layer.describe(), st->arch, specs.size());

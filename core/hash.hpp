@@ -9,10 +9,9 @@ namespace moeblaze {
 
 constexpr uint64_t kFnv1aOffsetBasis = 14695981039346656037ull;
 
-// Hash of `size` bytes at `data`; `seed` continues an earlier hash (pass its result).
-uint64_t fnv1a64(const void* data, size_t size, uint64_t seed = kFnv1aOffsetBasis);
-inline uint64_t fnv1a64(std::string_view text, uint64_t seed = kFnv1aOffsetBasis) {
-  return fnv1a64(text.data(), text.size(), seed);
-}
+// Hash of `bytes`; `seed` continues an earlier hash (pass its result).
+uint64_t fnv1a64(std::string_view bytes, uint64_t seed = kFnv1aOffsetBasis);
+// A pointer and a length would bind the length to `seed`: pass a string_view instead.
+uint64_t fnv1a64(const void*, size_t) = delete;
 
 }  // namespace moeblaze

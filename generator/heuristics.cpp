@@ -33,6 +33,7 @@ bool few_slots_per_expert(const LayerConfig& layer, int64_t tokens) {
 }
 
 TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std::string& arch, int64_t tokens) {
+  if (const auto leader = tile_follows(family)) return default_tile(*leader, layer, arch, tokens);
   if (is_hopper(arch) && is_tiled(family)) {
     // wgmma: the winners of `moeblaze tune` on the suite shapes (bench/NOTES.md v0.4-v0.6,
     // 2026-11-30), TMA for every operand that is not gathered. Warp-specialised 128x256
@@ -125,7 +126,6 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std
     case KernelFamily::router_logits:
     case KernelFamily::router_dgrad:
     case KernelFamily::router_wgrad: t = {128, 64, 64, 4, 2, 3}; break;
-    case KernelFamily::gate_grad: t = default_tile(KernelFamily::down_dgrad, layer, arch, tokens); break;
     default: break;
   }
   return t;

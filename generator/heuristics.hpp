@@ -28,7 +28,7 @@ int output_columns(KernelFamily family, const LayerConfig& layer);
 bool fits_192_better(KernelFamily family, const LayerConfig& layer);
 
 // Every kernel a layer needs (forward and backward, both checkpoint modes), each with its
-// default tile. gate_grad carries down_dgrad's tile (it sums that kernel's N tiles).
+// default tile; a family that follows another (tile_follows) has its leader's tile.
 std::vector<KernelSpec> layer_kernel_specs(const LayerConfig& layer, const std::string& arch, int64_t tokens = 0);
 
 }  // namespace moeblaze

@@ -111,6 +111,18 @@ bool is_tiled(KernelFamily f) {
   }
 }
 
+std::optional<KernelFamily> tile_follows(KernelFamily f) {
+  if (f == KernelFamily::gate_grad) return KernelFamily::down_dgrad;
+  return std::nullopt;
+}
+
+void tie_following_tiles(std::vector<KernelSpec>& specs) {
+  for (KernelSpec& s : specs)
+    if (const auto leader = tile_follows(s.family))
+      for (const KernelSpec& l : specs)
+        if (l.family == *leader) s.tile = l.tile;
+}
+
 int stacked_b_tiles(KernelFamily f, Activation act) {
   return f == KernelFamily::up_proj && is_gated(act) ? 2 : 1;
 }
@@ -186,7 +198,7 @@ std::string KernelSpec::name() const {
       n += "_" + moeblaze::to_string(layer.router) + (layer.renormalize ? "_renorm" : ""); break;
     default: break;
   }
-  if (is_tiled(family) || family == KernelFamily::gate_grad) n += "_" + tile.to_string();
+  if (is_tiled(family) || tile_follows(family)) n += "_" + tile.to_string();
   return n;
 }
 

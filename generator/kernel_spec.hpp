@@ -2,6 +2,7 @@
 // source. The generator writes only the glue that names one specialisation of a template
 // in templates/; all device code lives there.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,10 @@ KernelFamily parse_family(const std::string& s);
 const std::vector<KernelFamily>& all_families();
 // Whether the family is a GEMM with a tunable tile configuration.
 bool is_tiled(KernelFamily f);
+// The family whose tile this family is generated with, if any: gate_grad sums the gate
+// partials down_dgrad writes per N tile, so it takes down_dgrad's tile (and its bn decides
+// how many partials there are). nullopt for every other family.
+std::optional<KernelFamily> tile_follows(KernelFamily f);
 // Whether the family uses two stacked B tiles (W1 and W3) for this activation.
 int stacked_b_tiles(KernelFamily f, Activation act);
 
@@ -112,6 +117,10 @@ struct GeneratedKernel {
 };
 
 GeneratedKernel generate(const KernelSpec& spec);
+
+// Gives every spec of a family that follows another (tile_follows) its leader's tile. Call
+// after the tiles were chosen (defaults, tuned winners, forced tiles): one rule for all.
+void tie_following_tiles(std::vector<KernelSpec>& specs);
 
 // Version of the generator's output format; part of every binary cache key.
 constexpr int kGeneratorVersion = 1;

@@ -19,6 +19,9 @@ std::string binary_key(const GeneratedKernel& g, const CompileOptions& options) 
 }
 
 int64_t token_bucket(int64_t tokens) {
+  constexpr int64_t kLargestBucket = int64_t{1} << 62;
+  if (tokens > kLargestBucket)
+    throw InvalidArgument("tokens", fmt::format("T = {} is above the largest token bucket, 2^62", tokens));
   int64_t b = 1;
   while (b < tokens) b <<= 1;
   return b;

@@ -15,7 +15,9 @@ namespace moeblaze {
 // target and NVRTC version.
 std::string binary_key(const GeneratedKernel& g, const CompileOptions& options);
 
-// Tokens rounded up to a power of two (the dynamic dimension's bucket).
+// Tokens rounded up to a power of two (the dynamic dimension's bucket; 1 for T <= 1).
+// Throws InvalidArgument("tokens") above 2^62. The Python binding uses this one too
+// (mb_token_bucket), so both key loaded layers alike.
 int64_t token_bucket(int64_t tokens);
 
 // "NVIDIA H200|cc9.0|132sm|driver13000": what a timing is valid on.

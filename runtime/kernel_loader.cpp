@@ -67,34 +67,12 @@ std::optional<std::pair<Winner, TileSource>> pick_winner(const std::vector<Winne
 
 std::vector<BuiltKernel> build_with_cache(const std::vector<KernelSpec>& specs, KernelCache* cache,
                                           LoadReport* report) {
-  std::vector<BuiltKernel> out(specs.size());
-  std::vector<KernelSpec> missing;
-  std::vector<size_t> missing_at;
-  std::vector<std::string> keys(specs.size());
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const GeneratedKernel g = generate(specs[i]);
-    keys[i] = binary_key(g, CompileOptions{specs[i].arch, {}});
-    std::optional<CachedBinary> hit;
-    if (cache) hit = cache->find_binary(key_hash(keys[i]), keys[i]);
-    if (hit) {
-      out[i] = from_cached(g, *hit);
-      if (report) ++report->cache_hits;
-    } else {
-      missing.push_back(specs[i]);
-      missing_at.push_back(i);
-    }
-  }
-  if (!missing.empty()) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<BuiltKernel> built = compile_all(missing);
-    if (report) {
-      report->compile_ms += ms_since(t0);
-      report->compiled += static_cast<int>(built.size());
-    }
-    for (size_t j = 0; j < built.size(); ++j) {
-      if (cache) cache->put_binary(to_cached(built[j], keys[missing_at[j]]));  // short write, after compiling
-      out[missing_at[j]] = std::move(built[j]);
-    }
+  BuildCounts counts;
+  std::vector<BuiltKernel> out = build_all(specs, BuildOptions{cache}, &counts);
+  if (report) {
+    report->cache_hits += counts.from_cache;
+    report->compiled += counts.compiled;
+    report->compile_ms += counts.compile_ms;
   }
   return out;
 }
@@ -130,13 +108,12 @@ KernelSet load_kernels(const LayerConfig& layer, const DeviceInfo& device, Kerne
     c.tile = s.tile;
     r.kernels.push_back(c);
   }
-  // gate_grad sums down_dgrad's N tiles: same tile.
-  for (auto& s : specs)
-    if (s.family == KernelFamily::gate_grad)
-      for (const auto& o2 : specs)
-        if (o2.family == KernelFamily::down_dgrad) s.tile = o2.tile;
+  tie_following_tiles(specs);
   std::vector<BuiltKernel> built = build_with_cache(specs, cache, &r);
-  for (size_t i = 0; i < built.size(); ++i) r.kernels[i].binary_from_cache = built[i].from_cache;
+  for (size_t i = 0; i < built.size(); ++i) {
+    r.kernels[i].tile = specs[i].tile;  // a following family's tile is its leader's
+    r.kernels[i].binary_from_cache = built[i].from_cache;
+  }
   KernelSet set = KernelSet::from_kernels(layer, std::move(built));
   const auto t1 = std::chrono::steady_clock::now();
   set.load();

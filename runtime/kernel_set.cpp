@@ -3,40 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
-#include <exception>
-#include <mutex>
-#include <thread>
 
 #include "generator/heuristics.hpp"
 
 namespace moeblaze {
-
-std::vector<BuiltKernel> compile_all(const std::vector<KernelSpec>& specs, unsigned threads, bool keep_ptx) {
-  std::vector<BuiltKernel> out(specs.size());
-  for (size_t i = 0; i < specs.size(); ++i) out[i].generated = generate(specs[i]);
-  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
-  threads = std::min<unsigned>(threads, static_cast<unsigned>(specs.size()));
-  std::atomic<size_t> next{0};
-  std::exception_ptr first_error;
-  std::mutex error_mutex;
-  auto worker = [&] {
-    for (size_t i = next++; i < out.size(); i = next++) {
-      try {
-        out[i].compiled =
-            compile_kernel(out[i].generated.source, CompileOptions{out[i].generated.spec.arch, {}, keep_ptx});
-      } catch (...) {
-        std::lock_guard lock(error_mutex);
-        if (!first_error) first_error = std::current_exception();
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (unsigned t = 0; t < threads; ++t) pool.emplace_back(worker);
-  for (auto& t : pool) t.join();
-  if (first_error) std::rethrow_exception(first_error);
-  return out;
-}
 
 KernelSet KernelSet::compile(const LayerConfig& layer, const std::string& arch,
                              const std::map<KernelFamily, TileConfig>& tiles) {
@@ -44,11 +14,7 @@ KernelSet KernelSet::compile(const LayerConfig& layer, const std::string& arch,
   std::vector<KernelSpec> specs = layer_kernel_specs(layer, arch);
   for (auto& s : specs)
     if (auto it = tiles.find(s.family); it != tiles.end()) s.tile = it->second;
-  // gate_grad sums down_dgrad's N tiles: keep their tiles in step.
-  for (auto& s : specs)
-    if (s.family == KernelFamily::gate_grad)
-      for (const auto& o : specs)
-        if (o.family == KernelFamily::down_dgrad) s.tile = o.tile;
+  tie_following_tiles(specs);
   KernelSet set;
   set.layer_ = layer;
   set.kernels_ = compile_all(specs);

@@ -1,5 +1,5 @@
-// Stage 3 and 4 of the pipeline: the compiled (and, on a GPU, loaded) kernels of one
-// layer, and their launch. Compiles in parallel threads.
+// Stage 4 of the pipeline: the compiled (and, on a GPU, loaded) kernels of one layer, and
+// their launch. Kernels come from kernel_build.hpp.
 #pragma once
 #include <functional>
 #include <map>
@@ -10,16 +10,9 @@
 
 #include "cuda_driver.hpp"
 #include "generator/kernel_spec.hpp"
-#include "nvrtc_compiler.hpp"
+#include "kernel_build.hpp"
 
 namespace moeblaze {
-
-struct BuiltKernel {
-  GeneratedKernel generated;
-  CompiledKernel compiled;
-  std::shared_ptr<LoadedModule> loaded;  // null until load(); shared by sets that differ elsewhere
-  bool from_cache = false;               // cubin came from the cache, not from NVRTC
-};
 
 // Sees every launch of a layer: the tuner and the benchmark time kernels with CUDA events
 // recorded around them (no host synchronisation).
@@ -28,11 +21,6 @@ struct LaunchObserver {
   virtual void before(KernelFamily family, CUstream stream) = 0;
   virtual void after(KernelFamily family, CUstream stream) = 0;
 };
-
-// Compiles every spec with NVRTC using up to `threads` threads (0 = hardware threads).
-// The first failure is rethrown after all threads finish.
-std::vector<BuiltKernel> compile_all(const std::vector<KernelSpec>& specs, unsigned threads = 0,
-                                     bool keep_ptx = false);
 
 class KernelSet {
  public:

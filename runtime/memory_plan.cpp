@@ -41,4 +41,10 @@ MemoryPlan plan_memory(const LayerConfig& l, int64_t tokens, CheckpointMode mode
   return p;
 }
 
+size_t peak_bytes(const MemoryPlan& p, const LayerConfig& l, int64_t tokens, bool backward) {
+  const size_t activation = static_cast<size_t>(tokens) * l.shape.hidden * 2;  // bf16 [T,d]
+  return p.saved_bytes + std::max(p.forward_scratch_bytes, p.backward_scratch_bytes) + activation +
+         (backward ? activation : 0);
+}
+
 }  // namespace moeblaze

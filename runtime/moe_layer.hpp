@@ -99,6 +99,10 @@ int backward_chunk_cols(const LayerConfig& layer);
 // The memory a call needs; dgrad_bn is the N tile of the down-dgrad kernel (its gate
 // partials are one float per slot and N tile).
 MemoryPlan plan_memory(const LayerConfig& layer, int64_t tokens, CheckpointMode mode, int dgrad_bn);
+// The step's peak of the bytes a call adds to the caller's tensors: what forward keeps, the
+// larger scratch, and the outputs y [T,d] and (with a backward) dx [T,d]. Weights, their
+// gradients and x are excluded: they exist with or without the layer.
+size_t peak_bytes(const MemoryPlan& plan, const LayerConfig& layer, int64_t tokens, bool backward = true);
 // Argument checks of forward/backward: throw InvalidArgument naming the argument. They read
 // no device memory, so they run (and are tested) without a GPU.
 void validate_forward_args(const LayerConfig& layer, int dgrad_bn, const ForwardArgs& args);

@@ -2,25 +2,10 @@
 
 #include <algorithm>
 #include <stdexcept>
-#include <thread>
+
+#include "core/parallel.hpp"
 
 namespace moeblaze {
-
-void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain) {
-  const int64_t threads =
-      std::max<int64_t>(1, std::min<int64_t>(std::thread::hardware_concurrency(), n / std::max<int64_t>(grain, 1)));
-  if (threads == 1) {
-    fn(0, n);
-    return;
-  }
-  std::vector<std::thread> pool;
-  const int64_t chunk = (n + threads - 1) / threads;
-  for (int64_t t = 0; t < threads; ++t) {
-    const int64_t b = t * chunk, e = std::min(n, b + chunk);
-    if (b < e) pool.emplace_back(fn, b, e);
-  }
-  for (auto& t : pool) t.join();
-}
 
 uint64_t mix64(uint64_t seed, uint64_t index) {
   uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;
@@ -32,13 +17,13 @@ uint64_t mix64(uint64_t seed, uint64_t index) {
 double unit_double(uint64_t seed, uint64_t index) { return (mix64(seed, index) >> 11) * (1.0 / 9007199254740992.0); }
 
 void fill_uniform(std::vector<bf16>& v, float scale, uint64_t seed) {
-  parallel_for(static_cast<int64_t>(v.size()), [&](int64_t b, int64_t e) {
+  parallel_ranges(static_cast<int64_t>(v.size()), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) v[i] = to_bf16(static_cast<float>((unit_double(seed, i) * 2.0 - 1.0) * scale));
   });
 }
 
 void fill_uniform(std::vector<float>& v, float lo, float hi, uint64_t seed) {
-  parallel_for(static_cast<int64_t>(v.size()), [&](int64_t b, int64_t e) {
+  parallel_ranges(static_cast<int64_t>(v.size()), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) v[i] = static_cast<float>(lo + (hi - lo) * unit_double(seed, i));
   });
 }
@@ -50,7 +35,7 @@ void draw_routing(const std::string& dist, int64_t T, int E, int K, uint64_t see
   ids.assign(T * K, 0);
   gates.assign(T * K, 0.f);
   const int hot = std::max(1, E / 16);
-  parallel_for(T, [&](int64_t b, int64_t e) {
+  parallel_ranges(T, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       uint64_t draw = 0;
       for (int j = 0; j < K; ++j) {

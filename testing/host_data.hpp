@@ -2,17 +2,12 @@
 // seed gives the same data whatever the thread count) and routing draws.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "core/bf16.hpp"
 
 namespace moeblaze {
-
-// Runs fn(begin, end) over [0, n) split across hardware threads, at least `grain` items
-// per thread.
-void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain = 4096);
 
 // Caller-side routing for tests and timing: K distinct experts per token, positive gates
 // summing to 1. dist: "random" (uniform), "skewed" (E/16 hot experts, at least 1, carry

@@ -35,15 +35,4 @@ struct TimingWorkspace {
 // The layer config a routing choice runs: caller distributions drop the built-in router.
 LayerConfig timing_layer(const LayerConfig& layer, const std::string& routing);
 
-struct Stats {
-  double median = 0, spread = 0;  // spread: (p90 - p10) / 2
-  int samples = 0;
-};
-Stats stats_of(std::vector<double> v);
-
-// FLOPs of one kernel family for a layer and token count (0 for non-GEMM kernels), and
-// the bytes it must move at least: the per-kernel floors of the breakdown.
-double family_flops(KernelFamily f, const LayerConfig& l, int64_t tokens);
-double family_min_bytes(KernelFamily f, const LayerConfig& l, int64_t tokens);
-
 }  // namespace moeblaze

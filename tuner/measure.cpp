@@ -10,13 +10,10 @@
 #include "runtime/cache_keys.hpp"
 #include "runtime/kernel_timer.hpp"
 #include "testing/workspace.hpp"
+#include "timing.hpp"
 
 namespace moeblaze {
 namespace {
-
-constexpr double kGemmCeilingTflops = 790.0;  // measured dense bf16 GEMM on the H200
-constexpr double kCopyCeilingTBps = 4.27;     // measured device copy (read + write)
-constexpr int64_t kL2Bytes = 60ll << 20;
 
 struct StepSamples {
   std::vector<double> fwd, bwd, step;
@@ -68,7 +65,7 @@ DeviceInfo current_device() {
 BenchResult bench_layer(const BenchOptions& o, KernelCache* cache) {
   if (o.steps < 10) throw InvalidArgument("steps", "the median needs at least 10 steps");
   const DeviceInfo dev = current_device();
-  TimingWorkspace ws(o.layer, o.tokens, o.routing, o.mode, 11, kL2Bytes);
+  TimingWorkspace ws(o.layer, o.tokens, o.routing, o.mode, 11, kTimingL2Bytes);
   BenchResult r;
   r.layer = ws.layer.describe();
   r.device = dev.name;
@@ -90,8 +87,7 @@ BenchResult bench_layer(const BenchOptions& o, KernelCache* cache) {
   const LayerConfig& l = ws.layer;
   r.tflops = 18.0 * o.tokens * l.shape.topk * l.shape.hidden * l.shape.ffn / (r.step_ms * 1e-3) / 1e12;
   r.plan = layer.memory_plan(o.tokens, o.mode);
-  r.peak_bytes = r.plan.saved_bytes + std::max(r.plan.forward_scratch_bytes, r.plan.backward_scratch_bytes) +
-                 2 * ws.y.size();
+  r.peak_bytes = peak_bytes(r.plan, l, o.tokens);
   for (const auto& [f, v] : s.kernels) {
     KernelTime k;
     k.family = to_string(f);
@@ -99,10 +95,9 @@ BenchResult bench_layer(const BenchOptions& o, KernelCache* cache) {
     const Stats ks = stats_of(v);
     k.ms = ks.median;
     k.spread = ks.spread;
-    const double flops = family_flops(f, l, o.tokens), bytes = family_min_bytes(f, l, o.tokens);
-    k.tflops = flops / (k.ms * 1e-3) / 1e12;
-    k.gbps = bytes / (k.ms * 1e-3) / 1e9;
-    k.floor_ms = std::max(flops / (kGemmCeilingTflops * 1e12), bytes / (kCopyCeilingTBps * 1e12)) * 1e3;
+    k.tflops = family_flops(f, l, o.tokens) / (k.ms * 1e-3) / 1e12;
+    k.gbps = family_min_bytes(f, l, o.tokens) / (k.ms * 1e-3) / 1e9;
+    k.floor_ms = family_floor_ms(f, l, o.tokens);
     r.kernels.push_back(k);
   }
   std::sort(r.kernels.begin(), r.kernels.end(), [](const KernelTime& a, const KernelTime& b) { return a.ms > b.ms; });

@@ -25,7 +25,7 @@ struct BenchOptions {
 struct KernelTime {
   std::string family, tile;
   double ms = 0, spread = 0, tflops = 0, gbps = 0;  // achieved rates against the kernel's own FLOPs and minimum bytes
-  double floor_ms = 0;                   // max(FLOPs / 790 TFLOP/s, bytes / 4.27 TB/s)
+  double floor_ms = 0;                   // family_floor_ms (timing.hpp)
 };
 
 struct BenchResult {

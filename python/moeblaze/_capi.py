@@ -115,6 +115,7 @@ def _load():
         "mb_layer_report": ([c.c_void_p, c.c_char_p, c.c_size_t], c.c_int),
         "mb_layer_forward": ([c.c_void_p, P(ForwardArgs), c.c_uint64, P(State)], c.c_int),
         "mb_layer_backward": ([c.c_void_p, P(State), P(BackwardArgs), c.c_uint64], c.c_int),
+        "mb_token_bucket": ([c.c_int64, P(c.c_int64)], c.c_int),
         "mb_tune": ([P(LayerConfig), P(c.c_int64), c.c_int32, c.c_char_p, c.c_double, c.c_char_p, c.c_size_t],
                     c.c_int),
     }
@@ -166,6 +167,13 @@ def plan_memory(cfg: LayerConfig, tokens: int, mode: str = "save-h") -> MemoryPl
     out = MemoryPlan()
     check(lib.mb_plan_memory(ctypes.byref(cfg), int(tokens), MODES[mode], ctypes.byref(out)))
     return out
+
+
+def token_bucket(tokens: int) -> int:
+    """The power of two tuned tiles are keyed by (the library's own rule, mb_token_bucket)."""
+    out = ctypes.c_int64()
+    check(lib.mb_token_bucket(int(tokens), ctypes.byref(out)))
+    return out.value
 
 
 def tensor(ptr: int, dtype: str, shape) -> Tensor:

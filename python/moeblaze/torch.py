@@ -42,15 +42,8 @@ def _config(cfg: Sequence[int], route_scale: float) -> C.LayerConfig:
 _layers: dict = {}
 
 
-def _bucket(tokens: int) -> int:
-    b = 1
-    while b < tokens:
-        b <<= 1
-    return b
-
-
 def _layer(cfg: C.LayerConfig, device: int, tokens: int):
-    key = (tuple(getattr(cfg, f) for f, _ in C.LayerConfig._fields_), device, _bucket(tokens))
+    key = (tuple(getattr(cfg, f) for f, _ in C.LayerConfig._fields_), device, C.token_bucket(tokens))
     h = _layers.get(key)
     if h is None:
         h = ctypes.c_void_p()

@@ -5,8 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/parallel.hpp"
 #include "reference.hpp"
-#include "testing/host_data.hpp"
 
 namespace moeblaze::reference {
 
@@ -63,7 +63,7 @@ ExpertGrads expert_weight_grad_rows(const ExpertWeights& w, const bf16* x, const
       }
     }
   };
-  parallel_for(R, work, 1);
+  parallel_ranges(R, work, 1);
   return g;
 }
 

@@ -8,28 +8,26 @@
 //   NT  out[r,s] = <W[r,:], v_s>            up- and down-projection (x W1^T, h W2^T)
 //   NN  out_s   += sum_r coef_s[r] W[r,:]   dgrads (dy W2, dA W1 + dB W3)
 //   TN  G[r,c]  += sum_s p_s[r] q_s[c]      weight grads (dA^T x, (g dy)^T h)
-// Work is split into (job, chunk) tasks run by std::thread workers. Each output element
+// Work is split into (job, chunk) tasks run by the worker pool (core/parallel.hpp). Each output element
 // is summed by one task in an order fixed by the shapes alone, so results do not depend
 // on the number of threads.
 #include "reference.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
-#include <exception>
 #include <limits>
-#include <mutex>
 #include <numbers>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <utility>
+
+#include "core/parallel.hpp"
 
 namespace moeblaze::reference {
 namespace {
 
-// ---- errors and threads ----------------------------------------------------------------
+// ---- errors ----------------------------------------------------------------
 
 [[noreturn]] void fail(const std::string& message) { throw std::invalid_argument(message); }
 
@@ -54,38 +52,13 @@ void check_token(int64_t token, size_t index) {
          " is negative");
 }
 
-// Runs body(i) for i in [0, count) on hardware_concurrency() threads (dynamic schedule);
-// the first exception thrown by a task is rethrown here once all threads have joined.
-template <class F>
-void parallel_for(int64_t count, F&& body) {
-  if (count <= 0) return;
-  const int64_t nthreads = std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), count);
-  std::atomic<int64_t> next{0};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  auto work = [&] {
-    try {
-      for (int64_t i; (i = next.fetch_add(1)) < count;) body(i);
-    } catch (...) {
-      std::lock_guard lock(error_mutex);
-      if (!error) error = std::current_exception();
-      next.store(count);
-    }
-  };
-  std::vector<std::thread> threads;
-  for (int64_t k = 1; k < nthreads; ++k) threads.emplace_back(work);
-  work();
-  for (auto& th : threads) th.join();
-  if (error) std::rethrow_exception(error);
-}
-
 // Runs every chunk of every job in one parallel region, so that many small jobs (one per
 // expert) still keep every thread busy. Job has chunks() and run(chunk).
 template <class Job>
 void run_jobs(const std::vector<Job>& jobs) {
   std::vector<int64_t> first(jobs.size() + 1, 0);
   for (size_t j = 0; j < jobs.size(); ++j) first[j + 1] = first[j] + jobs[j].chunks();
-  parallel_for(first.back(), [&](int64_t task) {
+  parallel_tasks(first.back(), [&](int64_t task) {
     const size_t j = std::upper_bound(first.begin(), first.end(), task) - first.begin() - 1;
     jobs[j].run(task - first[j]);
   });
@@ -314,7 +287,7 @@ std::vector<int64_t> group_slots(const int32_t* ids, const double* gates, int K,
 // The listed bf16 rows [., d] as a dense double matrix [rows.size(), d].
 std::vector<double> gather_rows(const bf16* src, const std::vector<int64_t>& rows, int64_t d) {
   std::vector<double> out(rows.size() * d);
-  parallel_for(int64_t(rows.size()),
+  parallel_tasks(int64_t(rows.size()),
                [&](int64_t i) { to_double(src + rows[i] * d, d, out.data() + i * d); });
   return out;
 }
@@ -361,7 +334,7 @@ UpResult up_pass(const ExpertWeights& w, const SlotSet& set) {
     nt_pass(set, w.w3, n, w.d, set.x, r.b.data());
   }
   r.h.resize(S * n);
-  parallel_for(S, [&](int64_t s) {
+  parallel_tasks(S, [&](int64_t s) {
     for (int64_t i = s * n; i < (s + 1) * n; ++i)
       r.h[i] = activation(w.act, r.a[i]) * (gated ? r.b[i] : 1.0);
   });
@@ -386,7 +359,7 @@ BackResult back_pass(const ExpertWeights& w, const SlotSet& set) {
   r.dg.assign(S, 0.0);
   r.da.assign(S * n, 0.0);
   if (gated) r.db.assign(S * n, 0.0);
-  parallel_for(S, [&](int64_t s) {
+  parallel_tasks(S, [&](int64_t s) {
     for (int64_t i = s * n; i < (s + 1) * n; ++i) r.dg[s] += u[i] * r.up.h[i];
     for (int64_t i = s * n; i < (s + 1) * n; ++i) {
       const double dh = set.gate[s] * u[i], a = r.up.a[i];
@@ -456,7 +429,7 @@ void token_gates(const RouterSpec& spec, const double* p, const int32_t* picked,
 template <class F>
 void for_each_token(const RouterSpec& spec, const double* logits, int64_t T, int E, F&& body) {
   constexpr int64_t block = 64;
-  parallel_for(ceil_div(T, block), [&](int64_t b) {
+  parallel_tasks(ceil_div(T, block), [&](int64_t b) {
     std::vector<double> p(E);
     for (int64_t t = b * block; t < std::min(T, (b + 1) * block); ++t) {
       token_probs(spec, logits + t * E, t, E, p.data());
@@ -650,7 +623,7 @@ std::vector<double> forward_rows(const ExpertWeights& w, const bf16* x, const in
   std::vector<double> o(set.size() * d, 0.0);  // o = h W2^T per slot
   nt_pass(set, w.w2, d, w.n, row_ptrs(up.h, w.n), o.data());
   std::vector<double> y(tokens.size() * d, 0.0);
-  parallel_for(int64_t(tokens.size()), [&](int64_t i) {
+  parallel_tasks(int64_t(tokens.size()), [&](int64_t i) {
     for (int j = 0; j < K; ++j) {  // y_t = sum_j g_tj o_tj, in pick order
       const int64_t p = position[i * K + j];
       for (int64_t c = 0; c < d; ++c) y[i * d + c] += set.gate[p] * o[p * d + c];
@@ -676,7 +649,7 @@ TokenGrads backward_rows(const ExpertWeights& w, const bf16* x, const bf16* dy, 
   TokenGrads g;
   g.dx.assign(tokens.size() * d, 0.0);
   g.d_gates.assign(tokens.size() * K, 0.0);
-  parallel_for(int64_t(tokens.size()), [&](int64_t i) {
+  parallel_tasks(int64_t(tokens.size()), [&](int64_t i) {
     for (int j = 0; j < K; ++j) {
       const int64_t p = position[i * K + j];
       g.d_gates[i * K + j] = b.dg[p];

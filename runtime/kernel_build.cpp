@@ -1,0 +1,85 @@
+#include "kernel_build.hpp"
+
+#include <chrono>
+#include <mutex>
+
+#include "cache_keys.hpp"
+#include "core/parallel.hpp"
+
+namespace moeblaze {
+
+std::string KernelBuild::error_text() const {
+  if (!error) return {};
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+std::vector<KernelBuild> build_kernels(const std::vector<KernelSpec>& specs, const BuildOptions& o,
+                                       BuildCounts* counts) {
+  std::vector<KernelBuild> out(specs.size());
+  std::vector<GeneratedKernel> generated(specs.size());
+  std::vector<std::string> keys(specs.size());
+  std::vector<size_t> misses;
+  // Generation and lookups are quick: on this thread, so the cache sees one caller here.
+  for (size_t i = 0; i < specs.size(); ++i) {
+    try {
+      generated[i] = generate(specs[i]);
+      keys[i] = binary_key(generated[i], CompileOptions{specs[i].arch, {}});
+      std::optional<CachedBinary> hit;
+      if (o.cache && !o.keep_ptx) hit = o.cache->find_binary(key_hash(keys[i]), keys[i]);
+      if (hit) out[i].kernel = from_cached(generated[i], *hit);
+      else misses.push_back(i);
+    } catch (...) {
+      out[i].error = std::current_exception();
+    }
+  }
+  std::mutex cache_mutex;  // one connection, used by one compile thread at a time
+  const auto t0 = std::chrono::steady_clock::now();
+  parallel_tasks(static_cast<int64_t>(misses.size()), [&](int64_t m) {
+    const size_t i = misses[m];
+    try {
+      BuiltKernel b;
+      b.generated = generated[i];
+      b.compiled = compile_kernel(b.generated.source, CompileOptions{specs[i].arch, {}, o.keep_ptx});
+      if (o.cache) {
+        std::lock_guard lock(cache_mutex);
+        o.cache->put_binary(to_cached(b, keys[i]));
+      }
+      out[i].kernel = std::move(b);
+    } catch (...) {
+      out[i].error = std::current_exception();
+    }
+  }, o.threads);
+  if (counts) {
+    if (!misses.empty())
+      counts->compile_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    for (const KernelBuild& b : out) {
+      if (!b.kernel) ++counts->failed;
+      else if (b.kernel->from_cache) ++counts->from_cache;
+      else ++counts->compiled;
+    }
+  }
+  return out;
+}
+
+std::vector<BuiltKernel> build_all(const std::vector<KernelSpec>& specs, const BuildOptions& o, BuildCounts* counts) {
+  std::vector<KernelBuild> builds = build_kernels(specs, o, counts);
+  std::vector<BuiltKernel> out;
+  out.reserve(builds.size());
+  for (KernelBuild& b : builds) {
+    if (b.error) std::rethrow_exception(b.error);
+    out.push_back(std::move(*b.kernel));
+  }
+  return out;
+}
+
+std::vector<BuiltKernel> compile_all(const std::vector<KernelSpec>& specs, unsigned threads, bool keep_ptx) {
+  return build_all(specs, BuildOptions{nullptr, threads, keep_ptx});
+}
+
+}  // namespace moeblaze

@@ -1,0 +1,59 @@
+// Stage 3 of the pipeline: kernel specs -> cubins, with or without the cache. The one place
+// that decides how a kernel is obtained: generate its source, look its binary key up in the
+// cache, compile the misses with NVRTC in parallel, and store each one as soon as it is
+// compiled (a short write; no transaction is open across a compile).
+#pragma once
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cache/kernel_cache.hpp"
+#include "cuda_driver.hpp"
+#include "generator/kernel_spec.hpp"
+#include "nvrtc_compiler.hpp"
+
+namespace moeblaze {
+
+struct BuiltKernel {
+  GeneratedKernel generated;
+  CompiledKernel compiled;
+  std::shared_ptr<LoadedModule> loaded;  // null until load(); shared by sets that differ elsewhere
+  bool from_cache = false;               // cubin came from the cache, not from NVRTC
+};
+
+struct BuildOptions {
+  KernelCache* cache = nullptr;  // null: compile every kernel, store nothing
+  unsigned threads = 0;          // compile threads (0: the hardware's)
+  // Also keep each kernel's PTX. Cached binaries have none, so every kernel is compiled
+  // (and still stored).
+  bool keep_ptx = false;
+};
+
+// What became of one spec: its kernel, or the exception that generating or compiling it threw.
+struct KernelBuild {
+  std::optional<BuiltKernel> kernel;
+  std::exception_ptr error;
+  std::string error_text() const;  // the exception's what(), empty when the kernel was built
+};
+
+struct BuildCounts {
+  int from_cache = 0, compiled = 0, failed = 0;
+  double compile_ms = 0;  // wall time of the parallel compile (0 when everything was cached)
+};
+
+// Every spec's outcome, in spec order. One spec's failure does not stop the others.
+std::vector<KernelBuild> build_kernels(const std::vector<KernelSpec>& specs, const BuildOptions& options,
+                                       BuildCounts* counts = nullptr);
+
+// Every spec built, in spec order, or the first failure (in spec order) rethrown once all
+// have finished.
+std::vector<BuiltKernel> build_all(const std::vector<KernelSpec>& specs, const BuildOptions& options,
+                                   BuildCounts* counts = nullptr);
+
+// Compiles every spec with NVRTC, no cache: build_all without one.
+std::vector<BuiltKernel> compile_all(const std::vector<KernelSpec>& specs, unsigned threads = 0,
+                                     bool keep_ptx = false);
+
+}  // namespace moeblaze
