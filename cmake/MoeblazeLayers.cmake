@@ -42,6 +42,9 @@ function(moeblaze_layer folder)
     target_include_directories(${target} PUBLIC
       $<BUILD_INTERFACE:${root}> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/moeblaze>)
     target_link_libraries(${target} PUBLIC ${L_DEPENDS})
+    # moeblaze::<folder> in this tree and in the installed package alike.
+    set_target_properties(${target} PROPERTIES EXPORT_NAME ${folder})
+    add_library(moeblaze::${folder} ALIAS ${target})
   endif()
   # Header-only helpers used inside .cpp files only: no part of the installed interface.
   target_link_libraries(${target} PRIVATE

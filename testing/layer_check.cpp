@@ -1,3 +1,6 @@
+// The layer check, run side: load the kernels, draw inputs, run forward (+ backward) twice
+// on poisoned outputs, hash everything written for the bitwise comparison. The comparison
+// with the CPU reference is layer_check_compare.cpp.
 #include "layer_check.hpp"
 
 #include <fmt/format.h>
@@ -5,50 +8,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <numeric>
-#include <set>
+#include <optional>
 
 #include "host_data.hpp"
+#include "layer_check_detail.hpp"
 #include "runtime/kernel_loader.hpp"
-
-#include <optional>
-#include "reference/reference.hpp"
 
 namespace moeblaze {
 namespace {
 
-constexpr uint16_t kPoisonBf16 = 0xffff;    // a NaN
-constexpr uint32_t kPoisonF32 = 0xffffffffu;  // a NaN
+using detail::CheckBuffers;
+using detail::CheckData;
+using detail::CheckInputs;
 
-bool is_nan_bf16(bf16 v) { return (v.bits & 0x7f80) == 0x7f80 && (v.bits & 0x7f) != 0; }
-
-template <class T>
-std::vector<T> download(const DeviceBuffer& b, size_t count, size_t offset_bytes = 0) {
-  std::vector<T> v(count);
-  b.download(v.data(), count * sizeof(T), offset_bytes);
-  return v;
-}
-template <class T>
-std::vector<T> download_ptr(CUdeviceptr p, size_t count) {
-  std::vector<T> v(count);
-  if (count) MB_CU(cuda_driver().cuMemcpyDtoH(v.data(), p, count * sizeof(T)));
-  return v;
-}
-
-double rel_error_bf16(const std::vector<bf16>& got, const std::vector<double>& ref) {
-  std::vector<double> g(got.size());
-  for (size_t i = 0; i < got.size(); ++i) g[i] = to_float(got[i]);
-  return reference::relative_error(g.data(), ref.data(), g.size());
-}
-
-template <class T>
-bool has_poison(const std::vector<T>& v) {
-  if constexpr (std::is_same_v<T, bf16>) {
-    return std::any_of(v.begin(), v.end(), is_nan_bf16);
-  } else {
-    return std::any_of(v.begin(), v.end(), [](float f) { return std::isnan(f); });
-  }
-}
+constexpr uint32_t kPoisonF32 = 0xffffffffu;  // a NaN; bf16 outputs are filled with 0xff bytes (NaN too)
 
 // Word-at-a-time 64-bit hash (fast enough for tens of gigabytes).
 unsigned long long hash_bytes(const char* p, size_t len) {
@@ -80,6 +53,251 @@ struct Snapshot {
     parts.emplace_back(name, std::move(hashes));
   }
 };
+
+// ---- step 1: the device and the layer's kernels ---------------------------------------
+
+struct DeviceIdentity {
+  std::string name, arch;
+};
+DeviceIdentity current_device() {
+  const CudaDriver& drv = cuda_driver();
+  CUdevice dev;
+  MB_CU(drv.cuDeviceGet(&dev, 0));
+  char name[256] = {};
+  MB_CU(drv.cuDeviceGetName(name, sizeof name, dev));
+  int cc_major = 0, cc_minor = 0;
+  MB_CU(drv.cuDeviceGetAttribute(&cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
+  MB_CU(drv.cuDeviceGetAttribute(&cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
+  return {name, cc_major == 9 && cc_minor == 0 ? "sm_90a" : fmt::format("sm_{}{}", cc_major, cc_minor)};
+}
+
+// Default tiles compiled now, or (with a cache or forced tiles) what the runtime would load;
+// `kernels` says which.
+MoeLayer load_layer(const LayerCheckOptions& o, const std::string& arch, std::string& kernels) {
+  if (!o.cache && o.force.empty()) {
+    kernels = "default tiles, compiled now";
+    return MoeLayer::build(o.layer, arch);
+  }
+  DeviceContext dc(0);
+  LoadOptions lo;
+  lo.tokens = o.tokens;
+  lo.policy = o.policy;
+  lo.force = o.force;
+  LoadReport lr;
+  MoeLayer layer(std::make_shared<KernelSet>(load_kernels(o.layer, dc.info(), o.cache, lo, &lr)));
+  kernels = lr.summary();
+  for (const auto& k : lr.kernels)
+    if (k.tile_source != TileSource::default_tile) kernels += fmt::format("; {} {}", to_string(k.family), k.tile.to_string());
+  return layer;
+}
+
+// ---- step 2: inputs on the host and on the device ---------------------------------------
+
+CheckInputs draw_inputs(const CheckData& c) {
+  const LayerCheckOptions& o = c.options;
+  const uint64_t s = o.seed;
+  CheckInputs in;
+  in.x.resize(c.T * c.d);
+  in.w1.resize(static_cast<size_t>(c.E) * c.n * c.d);
+  in.w3.resize(c.gated ? in.w1.size() : 0);
+  in.w2.resize(static_cast<size_t>(c.E) * c.d * c.n);
+  in.dy.resize(c.T * c.d);
+  in.wr.resize(c.router ? static_cast<size_t>(c.E) * c.d : 0);
+  fill_uniform(in.x, 1.f, s * 16 + 1);
+  fill_uniform(in.w1, std::sqrt(3.f / c.d), s * 16 + 2);
+  if (c.gated) fill_uniform(in.w3, std::sqrt(3.f / c.d), s * 16 + 3);
+  fill_uniform(in.w2, std::sqrt(3.f / c.n), s * 16 + 4);
+  fill_uniform(in.dy, 1.f, s * 16 + 5);
+  if (c.router) {
+    fill_uniform(in.wr, std::sqrt(3.f / c.d), s * 16 + 6);
+    if (o.layer.router == RouterKind::sigmoid_topk) {
+      in.bias.resize(c.E);
+      fill_uniform(in.bias, -0.05f, 0.05f, s * 16 + 7);
+    }
+  } else {
+    draw_routing(to_string(o.routing), c.T, c.E, c.K, s * 16 + 8, in.ids, in.gates);
+  }
+  // fp32 accumulation starts from random contents: expected = initial + gradient.
+  if (o.accumulate_fp32) {
+    auto fill = [](std::vector<float>& v, size_t count, uint64_t seed) {
+      v.resize(count);
+      fill_uniform(v, -1.f, 1.f, seed);
+    };
+    fill(in.acc1, in.w1.size(), s * 16 + 9);
+    fill(in.acc3, in.w3.size(), s * 16 + 10);
+    fill(in.acc2, in.w2.size(), s * 16 + 11);
+    fill(in.accr, in.wr.size(), s * 16 + 12);
+  }
+  return in;
+}
+
+template <class V>
+DeviceBuffer upload(const V& v) {
+  DeviceBuffer b(v.size() * sizeof(v[0]));
+  b.upload(v.data(), b.size());
+  return b;
+}
+
+CheckBuffers allocate_buffers(const CheckData& c, const MemoryPlan& plan) {
+  const CheckInputs& in = c.in;
+  const int64_t TK = c.T * c.K;
+  const size_t wbytes = c.options.accumulate_fp32 ? 4 : 2;
+  CheckBuffers b;
+  b.x = upload(in.x);
+  b.w1 = upload(in.w1);
+  b.w2 = upload(in.w2);
+  b.dy = upload(in.dy);
+  if (c.gated) b.w3 = upload(in.w3);
+  if (c.router) b.wr = upload(in.wr);
+  if (!in.bias.empty()) b.bias = upload(in.bias);
+  if (!c.router) {
+    b.ids = upload(in.ids);
+    b.gates_in = upload(in.gates);
+  }
+  b.y = DeviceBuffer(c.T * c.d * 2);
+  b.dx = DeviceBuffer(c.T * c.d * 2);
+  b.dw1 = DeviceBuffer(in.w1.size() * wbytes);
+  b.dw3 = DeviceBuffer(in.w3.size() * wbytes);
+  b.dw2 = DeviceBuffer(in.w2.size() * wbytes);
+  b.dwr = DeviceBuffer(in.wr.size() * wbytes);
+  b.dgates = DeviceBuffer(TK * 4);
+  b.gates_out = DeviceBuffer(c.router ? TK * 4 : 0);
+  b.saved = DeviceBuffer(plan.saved_bytes);
+  b.fscratch = DeviceBuffer(plan.forward_scratch_bytes);
+  b.bscratch = DeviceBuffer(plan.backward_scratch_bytes);
+  return b;
+}
+
+TensorRef tensor(const DeviceBuffer& b, DType t, std::vector<int64_t> shape) {
+  return TensorRef{b.get(), t, std::move(shape)};
+}
+
+ForwardArgs forward_args(const CheckData& c) {
+  const CheckBuffers& b = c.buf;
+  const int64_t T = c.T, E = c.E, K = c.K, d = c.d, n = c.n;
+  ForwardArgs fa;
+  fa.x = tensor(b.x, DType::bf16, {T, d});
+  if (c.router) {
+    fa.w_router = tensor(b.wr, DType::bf16, {E, d});
+    if (!c.in.bias.empty()) fa.router_bias = tensor(b.bias, DType::f32, {E});
+    fa.gates_out = tensor(b.gates_out, DType::f32, {T, K});
+  } else {
+    fa.topk_ids = tensor(b.ids, DType::i32, {T, K});
+    fa.topk_weights = tensor(b.gates_in, DType::f32, {T, K});
+    fa.check_routing = true;
+  }
+  fa.w1 = tensor(b.w1, DType::bf16, {E, n, d});
+  if (c.gated) fa.w3 = tensor(b.w3, DType::bf16, {E, n, d});
+  fa.w2 = tensor(b.w2, DType::bf16, {E, d, n});
+  fa.y = tensor(b.y, DType::bf16, {T, d});
+  fa.mode = c.options.mode;
+  fa.saved = b.saved.get();
+  fa.saved_bytes = b.saved.size();
+  fa.scratch = b.fscratch.get();
+  fa.scratch_bytes = b.fscratch.size();
+  return fa;
+}
+
+BackwardArgs backward_args(const CheckData& c, const ForwardArgs& fa) {
+  const CheckBuffers& b = c.buf;
+  const int64_t T = c.T, E = c.E, K = c.K, d = c.d, n = c.n;
+  const DType wt = c.options.accumulate_fp32 ? DType::f32 : DType::bf16;
+  BackwardArgs ba;
+  ba.dy = tensor(b.dy, DType::bf16, {T, d});
+  ba.x = fa.x;
+  ba.topk_weights = fa.topk_weights;
+  ba.w_router = fa.w_router;
+  ba.router_bias = fa.router_bias;
+  ba.w1 = fa.w1;
+  ba.w3 = fa.w3;
+  ba.w2 = fa.w2;
+  ba.dx = tensor(b.dx, DType::bf16, {T, d});
+  ba.dw1 = tensor(b.dw1, wt, {E, n, d});
+  if (c.gated) ba.dw3 = tensor(b.dw3, wt, {E, n, d});
+  ba.dw2 = tensor(b.dw2, wt, {E, d, n});
+  ba.d_topk_weights = tensor(b.dgates, DType::f32, {T, K});
+  if (c.router) ba.dw_router = tensor(b.dwr, wt, {E, d});
+  ba.scratch = b.bscratch.get();
+  ba.scratch_bytes = b.bscratch.size();
+  return ba;
+}
+
+// ---- step 3: two runs on poisoned outputs, compared bitwise ---------------------------
+
+// Every output NaN (every element must be written), the fp32 gradients their initial
+// contents, the saved state and scratch NaN too (nothing may read what it did not write).
+void reset_outputs(CheckData& c, const Stream& stream) {
+  const CudaDriver& drv = cuda_driver();
+  CheckBuffers& b = c.buf;
+  auto poison = [&](const DeviceBuffer& buf, bool f32) {
+    if (!buf.size()) return;
+    if (f32) MB_CU(drv.cuMemsetD32Async(buf.get(), kPoisonF32, buf.size() / 4, stream.get()));
+    else MB_CU(drv.cuMemsetD8Async(buf.get(), 0xff, buf.size(), stream.get()));
+  };
+  poison(b.y, false);
+  poison(b.dx, false);
+  poison(b.dgates, true);
+  poison(b.gates_out, true);
+  if (c.options.accumulate_fp32) {
+    b.dw1.upload(c.in.acc1.data(), b.dw1.size());
+    if (c.gated) b.dw3.upload(c.in.acc3.data(), b.dw3.size());
+    b.dw2.upload(c.in.acc2.data(), b.dw2.size());
+    if (c.router) b.dwr.upload(c.in.accr.data(), b.dwr.size());
+  } else {
+    poison(b.dw1, false);
+    poison(b.dw3, false);
+    poison(b.dw2, false);
+    poison(b.dwr, false);
+  }
+  poison(b.saved, false);
+  poison(b.fscratch, false);
+  poison(b.bscratch, false);
+}
+
+Snapshot snapshot(const CheckData& c, const MemoryPlan& plan) {
+  const CheckBuffers& b = c.buf;
+  const bool backward = c.options.backward;
+  Snapshot snap;
+  snap.add("y", b.y.get(), b.y.size());
+  snap.add("index arrays", b.saved.get(), plan.index_bytes);
+  if (c.state.H) snap.add(backward ? "dH (over the saved H)" : "H", c.state.H, plan.h_floor_bytes);
+  if (c.router) snap.add("gates", b.gates_out.get(), b.gates_out.size());
+  if (backward) {
+    snap.add("dx", b.dx.get(), b.dx.size());
+    snap.add("dw1", b.dw1.get(), b.dw1.size());
+    if (c.gated) snap.add("dw3", b.dw3.get(), b.dw3.size());
+    snap.add("dw2", b.dw2.get(), b.dw2.size());
+    snap.add("d_topk_weights", b.dgates.get(), b.dgates.size());
+    if (c.router) snap.add("dw_router", b.dwr.get(), b.dwr.size());
+  }
+  return snap;
+}
+
+// Runs the layer twice; the second run's times are reported, its state kept in c.state.
+void run_twice(const MoeLayer& layer, CheckData& c, LayerCheckResult& res) {
+  const ForwardArgs fa = forward_args(c);
+  const BackwardArgs ba = backward_args(c, fa);
+  Stream stream;
+  Snapshot runs[2];
+  for (Snapshot& snap : runs) {
+    reset_outputs(c, stream);
+    Event e0, e1, e2;
+    e0.record(stream.get());
+    c.state = layer.forward(fa, stream.get());
+    e1.record(stream.get());
+    if (c.options.backward) layer.backward(c.state, ba, stream.get());
+    e2.record(stream.get());
+    stream.synchronize();
+    res.forward_ms = Event::elapsed_ms(e0, e1);
+    res.backward_ms = c.options.backward ? Event::elapsed_ms(e1, e2) : 0;
+    snap = snapshot(c, res.plan);
+  }
+  for (size_t i = 0; i < runs[0].parts.size(); ++i)
+    if (runs[0].parts[i].second != runs[1].parts[i].second) {
+      res.bitwise_identical = false;
+      res.differs += (res.differs.empty() ? "" : ", ") + runs[0].parts[i].first;
+    }
+}
 
 }  // namespace
 
@@ -115,407 +333,29 @@ bool LayerCheckResult::passed(double tolerance) const {
 LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
   const LayerConfig& l = o.layer;
   l.validate();
-  const int E = l.shape.experts, K = l.shape.topk, d = l.shape.hidden, n = l.shape.ffn;
-  const int64_t T = o.tokens, TK = T * K;
-  if (T <= 0) throw InvalidArgument("tokens", fmt::format("T = {} must be at least 1", T));
-  const bool gated = is_gated(l.activation), router = l.router != RouterKind::none;
-  const CudaDriver& drv = cuda_driver();
+  if (o.tokens <= 0) throw InvalidArgument("tokens", fmt::format("T = {} must be at least 1", o.tokens));
+  CheckData c{o, l.shape.experts, l.shape.topk, l.shape.hidden, l.shape.ffn, o.tokens,
+              is_gated(l.activation), l.router != RouterKind::none, {}, {}, {}};
 
-  CUdevice dev;
-  MB_CU(drv.cuDeviceGet(&dev, 0));
-  char dev_name[256] = {};
-  MB_CU(drv.cuDeviceGetName(dev_name, sizeof dev_name, dev));
-  int cc_major = 0, cc_minor = 0;
-  MB_CU(drv.cuDeviceGetAttribute(&cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
-  MB_CU(drv.cuDeviceGetAttribute(&cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
-  const std::string arch = cc_major == 9 && cc_minor == 0 ? "sm_90a" : fmt::format("sm_{}{}", cc_major, cc_minor);
   LayerCheckResult res;
-  std::optional<MoeLayer> built;
-  if (o.cache || !o.force.empty()) {
-    DeviceContext dc(0);
-    LoadOptions lo;
-    lo.tokens = T;
-    lo.policy = o.policy;
-    lo.force = o.force;
-    LoadReport lr;
-    built.emplace(std::make_shared<KernelSet>(load_kernels(l, dc.info(), o.cache, lo, &lr)));
-    res.kernels = lr.summary();
-    for (const auto& k : lr.kernels)
-      if (k.tile_source != TileSource::default_tile) res.kernels += fmt::format("; {} {}", to_string(k.family), k.tile.to_string());
-  } else {
-    built.emplace(MoeLayer::build(l, arch));
-    res.kernels = "default tiles, compiled now";
-  }
-  const MoeLayer& layer = *built;
-
+  const DeviceIdentity device = current_device();
+  const MoeLayer layer = load_layer(o, device.arch, res.kernels);
   res.layer = l.describe();
-  res.device = dev_name;
-  res.tokens = T;
-  res.plan = layer.memory_plan(T, o.mode);
+  res.device = device.name;
+  res.tokens = c.T;
+  res.plan = layer.memory_plan(c.T, o.mode);
+  res.peak_bytes = peak_bytes(res.plan, l, c.T, o.backward);
 
-  // ---- host data: random, scaled so activations stay O(1) --------------------------------
-  const uint64_t s = o.seed;
-  std::vector<bf16> x(T * d), w1(static_cast<size_t>(E) * n * d), w3(gated ? w1.size() : 0),
-      w2(static_cast<size_t>(E) * d * n), dy(T * d), wr(router ? static_cast<size_t>(E) * d : 0);
-  fill_uniform(x, 1.f, s * 16 + 1);
-  fill_uniform(w1, std::sqrt(3.f / d), s * 16 + 2);
-  if (gated) fill_uniform(w3, std::sqrt(3.f / d), s * 16 + 3);
-  fill_uniform(w2, std::sqrt(3.f / n), s * 16 + 4);
-  fill_uniform(dy, 1.f, s * 16 + 5);
-  std::vector<float> bias;
-  std::vector<int32_t> ids_in;
-  std::vector<float> gates_in;
-  if (router) {
-    fill_uniform(wr, std::sqrt(3.f / d), s * 16 + 6);
-    if (l.router == RouterKind::sigmoid_topk) {
-      bias.resize(E);
-      fill_uniform(bias, -0.05f, 0.05f, s * 16 + 7);
-    }
-  } else {
-    draw_routing(to_string(o.routing), T, E, K, s * 16 + 8, ids_in, gates_in);
-  }
+  c.in = draw_inputs(c);
+  c.buf = allocate_buffers(c, res.plan);
+  run_twice(layer, c, res);
 
-  // ---- device buffers ---------------------------------------------------------------------
-  auto upload = [](const auto& v) {
-    DeviceBuffer b(v.size() * sizeof(v[0]));
-    b.upload(v.data(), b.size());
-    return b;
-  };
-  DeviceBuffer d_x = upload(x), d_w1 = upload(w1), d_w2 = upload(w2), d_dy = upload(dy);
-  DeviceBuffer d_w3 = gated ? upload(w3) : DeviceBuffer();
-  DeviceBuffer d_wr = router ? upload(wr) : DeviceBuffer();
-  DeviceBuffer d_bias = bias.empty() ? DeviceBuffer() : upload(bias);
-  DeviceBuffer d_ids = router ? DeviceBuffer() : upload(ids_in);
-  DeviceBuffer d_gates_in = router ? DeviceBuffer() : upload(gates_in);
-  const size_t wbytes = o.accumulate_fp32 ? 4 : 2;
-  DeviceBuffer d_y(T * d * 2), d_dx(T * d * 2), d_dw1(w1.size() * wbytes), d_dw3(w3.size() * wbytes),
-      d_dw2(w2.size() * wbytes), d_dwr(wr.size() * wbytes), d_dgates(TK * 4), d_gates_out(router ? TK * 4 : 0);
-  DeviceBuffer saved(res.plan.saved_bytes), fscratch(res.plan.forward_scratch_bytes),
-      bscratch(res.plan.backward_scratch_bytes);
-  // fp32 accumulation starts from random contents: expected = initial + gradient.
-  std::vector<float> acc_init1, acc_init3, acc_init2, acc_initr;
-  if (o.accumulate_fp32) {
-    acc_init1.resize(w1.size());
-    fill_uniform(acc_init1, -1.f, 1.f, s * 16 + 9);
-    acc_init3.resize(w3.size());
-    fill_uniform(acc_init3, -1.f, 1.f, s * 16 + 10);
-    acc_init2.resize(w2.size());
-    fill_uniform(acc_init2, -1.f, 1.f, s * 16 + 11);
-    acc_initr.resize(wr.size());
-    fill_uniform(acc_initr, -1.f, 1.f, s * 16 + 12);
-  }
-
-  auto tref = [](const DeviceBuffer& b, DType t, std::vector<int64_t> shape) {
-    return TensorRef{b.get(), t, std::move(shape)};
-  };
-  const DType wt = o.accumulate_fp32 ? DType::f32 : DType::bf16;
-  ForwardArgs fa;
-  fa.x = tref(d_x, DType::bf16, {T, d});
-  if (router) {
-    fa.w_router = tref(d_wr, DType::bf16, {E, d});
-    if (!bias.empty()) fa.router_bias = tref(d_bias, DType::f32, {E});
-    fa.gates_out = tref(d_gates_out, DType::f32, {T, K});
-  } else {
-    fa.topk_ids = tref(d_ids, DType::i32, {T, K});
-    fa.topk_weights = tref(d_gates_in, DType::f32, {T, K});
-    fa.check_routing = true;
-  }
-  fa.w1 = tref(d_w1, DType::bf16, {E, n, d});
-  if (gated) fa.w3 = tref(d_w3, DType::bf16, {E, n, d});
-  fa.w2 = tref(d_w2, DType::bf16, {E, d, n});
-  fa.y = tref(d_y, DType::bf16, {T, d});
-  fa.mode = o.mode;
-  fa.saved = saved.get();
-  fa.saved_bytes = saved.size();
-  fa.scratch = fscratch.get();
-  fa.scratch_bytes = fscratch.size();
-
-  BackwardArgs ba;
-  ba.dy = tref(d_dy, DType::bf16, {T, d});
-  ba.x = fa.x;
-  ba.topk_weights = fa.topk_weights;
-  ba.w_router = fa.w_router;
-  ba.router_bias = fa.router_bias;
-  ba.w1 = fa.w1;
-  ba.w3 = fa.w3;
-  ba.w2 = fa.w2;
-  ba.dx = tref(d_dx, DType::bf16, {T, d});
-  ba.dw1 = tref(d_dw1, wt, {E, n, d});
-  if (gated) ba.dw3 = tref(d_dw3, wt, {E, n, d});
-  ba.dw2 = tref(d_dw2, wt, {E, d, n});
-  ba.d_topk_weights = tref(d_dgates, DType::f32, {T, K});
-  if (router) ba.dw_router = tref(d_dwr, wt, {E, d});
-  ba.scratch = bscratch.get();
-  ba.scratch_bytes = bscratch.size();
-
-  Stream stream;
-  auto poison = [&](const DeviceBuffer& b, bool f32) {
-    if (!b.size()) return;
-    if (f32) MB_CU(drv.cuMemsetD32Async(b.get(), kPoisonF32, b.size() / 4, stream.get()));
-    else MB_CU(drv.cuMemsetD8Async(b.get(), 0xff, b.size(), stream.get()));
-    (void)kPoisonBf16;
-  };
-  auto reset_outputs = [&] {
-    poison(d_y, false);
-    poison(d_dx, false);
-    poison(d_dgates, true);
-    poison(d_gates_out, true);
-    if (o.accumulate_fp32) {
-      d_dw1.upload(acc_init1.data(), d_dw1.size());
-      if (gated) d_dw3.upload(acc_init3.data(), d_dw3.size());
-      d_dw2.upload(acc_init2.data(), d_dw2.size());
-      if (router) d_dwr.upload(acc_initr.data(), d_dwr.size());
-    } else {
-      poison(d_dw1, false);
-      poison(d_dw3, false);
-      poison(d_dw2, false);
-      poison(d_dwr, false);
-    }
-    poison(saved, false);
-    poison(fscratch, false);
-    poison(bscratch, false);
-  };
-
-  ForwardState state;
-  Snapshot runs[2];
-  for (int run = 0; run < 2; ++run) {
-    reset_outputs();
-    Event e0, e1, e2;
-    e0.record(stream.get());
-    state = layer.forward(fa, stream.get());
-    e1.record(stream.get());
-    if (o.backward) layer.backward(state, ba, stream.get());
-    e2.record(stream.get());
-    stream.synchronize();
-    res.forward_ms = Event::elapsed_ms(e0, e1);
-    res.backward_ms = o.backward ? Event::elapsed_ms(e1, e2) : 0;
-    Snapshot& snap = runs[run];
-    snap.add("y", d_y.get(), d_y.size());
-    snap.add("index arrays", saved.get(), res.plan.index_bytes);
-    if (state.H) snap.add(o.backward ? "dH (over the saved H)" : "H", state.H, res.plan.h_floor_bytes);
-    if (router) snap.add("gates", d_gates_out.get(), d_gates_out.size());
-    if (o.backward) {
-      snap.add("dx", d_dx.get(), d_dx.size());
-      snap.add("dw1", d_dw1.get(), d_dw1.size());
-      if (gated) snap.add("dw3", d_dw3.get(), d_dw3.size());
-      snap.add("dw2", d_dw2.get(), d_dw2.size());
-      snap.add("d_topk_weights", d_dgates.get(), d_dgates.size());
-      if (router) snap.add("dw_router", d_dwr.get(), d_dwr.size());
-    }
-  }
-  for (size_t i = 0; i < runs[0].parts.size(); ++i)
-    if (runs[0].parts[i].second != runs[1].parts[i].second) {
-      res.bitwise_identical = false;
-      res.differs += (res.differs.empty() ? "" : ", ") + runs[0].parts[i].first;
-    }
-  res.peak_bytes = res.plan.saved_bytes + std::max(res.plan.forward_scratch_bytes, res.plan.backward_scratch_bytes) +
-                   d_y.size() + (o.backward ? d_dx.size() : 0);
-
-  // ---- compare with the reference ------------------------------------------------------
-  auto note_unwritten = [&](const std::string& name, bool bad) {
-    if (!bad) return;
-    res.all_written = false;
-    res.unwritten += (res.unwritten.empty() ? "" : ", ") + name;
-  };
-  const std::vector<int32_t> ids = download_ptr<int32_t>(state.token_expert_indices, TK);
-  // Index arrays: exact, from the GPU's picks.
-  {
-    const reference::IndexArrays ref = reference::build_index(ids.data(), T, K, E);
-    const bool same = ref.expert_token_indices == download_ptr<int32_t>(state.expert_token_indices, TK) &&
-                      ref.expert_token_offsets == download_ptr<int32_t>(state.expert_token_offsets, E + 1) &&
-                      ref.token_expert_indices == ids &&
-                      ref.token_index_map == download_ptr<int32_t>(state.token_index_map, TK);
-    res.errors.push_back({"index arrays", same ? 0.0 : 1.0, TK * 3 + E + 1, true});
-    const auto counts = download_ptr<int32_t>(state.expert_counts, E);
-    bool counts_ok = true;
-    for (int e = 0; e < E; ++e) counts_ok &= counts[e] == ref.expert_token_offsets[e + 1] - ref.expert_token_offsets[e];
-    res.errors.push_back({"expert counts", counts_ok ? 0.0 : 1.0, E, true});
-    const auto [mn, mx] = std::minmax_element(counts.begin(), counts.end());
-    res.expert_counts_min_max = {*mn, *mx};
-  }
-  // Gates: the caller's, or the reference router's for the GPU's picks.
-  reference::RouterSpec spec{l.router, l.renormalize, l.route_scale};
-  std::vector<double> logits, gates_ref(TK);
-  if (router) {
-    logits = reference::router_logits(x.data(), wr.data(), T, d, E);
-    gates_ref = reference::gates_for(spec, logits.data(), ids.data(), T, E, K);
-    const auto gates_gpu = download<float>(d_gates_out, TK);
-    note_unwritten("gates", has_poison(gates_gpu));
-    std::vector<double> g(gates_gpu.begin(), gates_gpu.end());
-    res.errors.push_back({"gates", reference::relative_error(g.data(), gates_ref.data(), TK), TK, false});
-    // Picks: every picked key at least every unpicked key (up to GPU logit rounding).
-    int64_t wrong = 0;
-    for (int64_t t = 0; t < T; ++t) {
-      const double* lg = logits.data() + t * E;
-      double mx = -INFINITY, sum = 0;
-      for (int e = 0; e < E; ++e) mx = std::max(mx, lg[e]);
-      for (int e = 0; e < E; ++e) sum += std::exp(lg[e] - mx);
-      auto key = [&](int e) {
-        return l.router == RouterKind::softmax_topk ? std::exp(lg[e] - mx) / sum
-                                                    : 1.0 / (1.0 + std::exp(-lg[e])) + (bias.empty() ? 0.0 : bias[e]);
-      };
-      double min_picked = INFINITY, max_other = -INFINITY;
-      std::set<int> picked(ids.begin() + t * K, ids.begin() + (t + 1) * K);
-      for (int e = 0; e < E; ++e) (picked.count(e) ? min_picked = std::min(min_picked, key(e))
-                                                   : max_other = std::max(max_other, key(e)));
-      if (min_picked < max_other - 1e-4 * std::max(1.0, std::abs(max_other))) ++wrong;
-    }
-    res.errors.push_back({"router picks", wrong ? static_cast<double>(wrong) / T : 0.0, T, true});
-  } else {
-    for (int64_t i = 0; i < TK; ++i) gates_ref[i] = gates_in[i];
-  }
-
-  // Sampled tokens (all when T is small), first and last always in.
-  std::vector<int64_t> tokens;
-  if (T <= o.sample_tokens) {
-    tokens.resize(T);
-    std::iota(tokens.begin(), tokens.end(), 0);
-  } else {
-    std::set<int64_t> pick = {0, T - 1};
-    for (uint64_t i = 0; static_cast<int>(pick.size()) < o.sample_tokens; ++i)
-      pick.insert(static_cast<int64_t>(unit_double(s * 16 + 13, i) * T));
-    tokens.assign(pick.begin(), pick.end());
-  }
-  reference::ExpertWeights rw{w1.data(), gated ? w3.data() : nullptr, w2.data(), E, d, n, l.activation};
-  const auto y_gpu = download<bf16>(d_y, T * d);
-  note_unwritten("y", has_poison(y_gpu));
-  {
-    const auto ref = reference::forward_rows(rw, x.data(), ids.data(), gates_ref.data(), K, tokens);
-    std::vector<bf16> got;
-    for (int64_t t : tokens) got.insert(got.end(), y_gpu.begin() + t * d, y_gpu.begin() + (t + 1) * d);
-    res.errors.push_back({"y", rel_error_bf16(got, ref), static_cast<int64_t>(got.size()), false});
-  }
-  if (!o.backward) return res;
-
-  const auto tg = reference::backward_rows(rw, x.data(), dy.data(), ids.data(), gates_ref.data(), K, tokens);
-  const auto dgates_gpu = download<float>(d_dgates, TK);
-  note_unwritten("d_topk_weights", has_poison(dgates_gpu));
-  {
-    std::vector<double> got;
-    for (int64_t t : tokens)
-      for (int j = 0; j < K; ++j) got.push_back(dgates_gpu[t * K + j]);
-    res.errors.push_back({"d_topk_weights", reference::relative_error(got.data(), tg.d_gates.data(), got.size()),
-                          static_cast<int64_t>(got.size()), false});
-  }
-  {
-    std::vector<double> ref = tg.dx;
-    if (router) {
-      // Router part of dx for the sampled tokens, from the reference gate gradients.
-      std::vector<double> lg_rows, ids_rows_d;
-      std::vector<int32_t> ids_rows;
-      for (int64_t t : tokens) {
-        lg_rows.insert(lg_rows.end(), logits.begin() + t * E, logits.begin() + (t + 1) * E);
-        ids_rows.insert(ids_rows.end(), ids.begin() + t * K, ids.begin() + (t + 1) * K);
-      }
-      const int64_t ns = static_cast<int64_t>(tokens.size());
-      const auto dl = reference::router_logits_grad(spec, lg_rows.data(), ids_rows.data(), tg.d_gates.data(), ns, E, K);
-      std::vector<int64_t> rows(ns);
-      std::iota(rows.begin(), rows.end(), 0);
-      const auto rdx = reference::router_dx_rows(dl.data(), wr.data(), E, d, rows);
-      for (size_t i = 0; i < ref.size(); ++i) ref[i] += rdx[i];
-    }
-    const auto dx_gpu = download<bf16>(d_dx, T * d);
-    note_unwritten("dx", has_poison(dx_gpu));
-    std::vector<bf16> got;
-    for (int64_t t : tokens) got.insert(got.end(), dx_gpu.begin() + t * d, dx_gpu.begin() + (t + 1) * d);
-    res.errors.push_back({"dx", rel_error_bf16(got, ref), static_cast<int64_t>(got.size()), false});
-  }
-  // Weight gradients of sampled experts: the busiest, the least busy non-empty one, random
-  // ones, and an expert without tokens (must be exactly zero) when there is one.
-  {
-    std::vector<int64_t> cnt(E, 0);
-    for (int32_t e : ids) ++cnt[e];
-    std::set<int> experts;
-    experts.insert(static_cast<int>(std::max_element(cnt.begin(), cnt.end()) - cnt.begin()));
-    int least = -1;
-    for (int e = 0; e < E; ++e)
-      if (cnt[e] > 0 && (least < 0 || cnt[e] < cnt[least])) least = e;
-    experts.insert(least);
-    for (uint64_t i = 0; static_cast<int>(experts.size()) < std::min(o.sample_experts, E); ++i)
-      experts.insert(static_cast<int>(unit_double(s * 16 + 14, i) * E));
-    for (int e = 0; e < E; ++e)
-      if (cnt[e] == 0) {
-        experts.insert(e);
-        break;
-      }
-    auto grad_rows = [&](const DeviceBuffer& b, const std::vector<float>& init, size_t offset, size_t count) {
-      std::vector<double> g(count);
-      if (o.accumulate_fp32) {
-        const auto v = download<float>(b, count, offset * 4);
-        for (size_t i = 0; i < count; ++i) g[i] = static_cast<double>(v[i]) - init[offset + i];
-        note_unwritten("weight gradients", has_poison(v));
-      } else {
-        const auto v = download<bf16>(b, count, offset * 2);
-        for (size_t i = 0; i < count; ++i) g[i] = to_float(v[i]);
-        note_unwritten("weight gradients", has_poison(v));
-      }
-      return g;
-    };
-    std::vector<double> got1, ref1, got3, ref3, got2, ref2;
-    std::string names;
-    // FFN rows compared per expert: all of them for small n, else a sample (first and last in).
-    std::vector<int> rows;
-    if (n <= 128) {
-      for (int i = 0; i < n; ++i) rows.push_back(i);
-    } else {
-      std::set<int> r = {0, n - 1};
-      for (uint64_t i = 0; r.size() < 64; ++i) r.insert(static_cast<int>(unit_double(s * 16 + 15, i) * n));
-      rows.assign(r.begin(), r.end());
-    }
-    const int64_t R = static_cast<int64_t>(rows.size());
-    auto append = [](std::vector<double>& a, const std::vector<double>& b) { a.insert(a.end(), b.begin(), b.end()); };
-    for (int e : experts) {
-      names += (names.empty() ? "" : ",") + std::to_string(e);
-      const auto eg =
-          reference::expert_weight_grad_rows(rw, x.data(), dy.data(), ids.data(), gates_ref.data(), T, K, e, rows);
-      const size_t nd = static_cast<size_t>(n) * d;
-      for (int i : rows) {  // rows i of dW1 and dW3
-        append(got1, grad_rows(d_dw1, acc_init1, e * nd + static_cast<size_t>(i) * d, d));
-        if (gated) append(got3, grad_rows(d_dw3, acc_init3, e * nd + static_cast<size_t>(i) * d, d));
-      }
-      append(ref1, eg.dw1);
-      if (gated) append(ref3, eg.dw3);
-      // Columns i of dW2 [d, n]: read whole rows c, keep the sampled columns.
-      const auto w2e = grad_rows(d_dw2, acc_init2, e * nd, nd);
-      for (int64_t c = 0; c < d; ++c)
-        for (int64_t r = 0; r < R; ++r) got2.push_back(w2e[c * n + rows[r]]);
-      append(ref2, eg.dw2);
-      if (cnt[e] == 0) {  // exact zeros expected
-        const auto g1 = grad_rows(d_dw1, acc_init1, e * nd, nd);
-        const bool zero = std::all_of(g1.begin(), g1.end(), [](double v) { return v == 0.0; }) &&
-                          std::all_of(w2e.begin(), w2e.end(), [](double v) { return v == 0.0; });
-        res.errors.push_back({fmt::format("dW1, dW2 of empty expert {} are zero", e), zero ? 0.0 : 1.0,
-                              static_cast<int64_t>(2 * nd), true});
-      }
-    }
-    names += fmt::format("; {} of {} rows", R, n);
-    res.errors.push_back({"dW1 (experts " + names + ")", reference::relative_error(got1.data(), ref1.data(), got1.size()),
-                          static_cast<int64_t>(got1.size()), false});
-    if (gated)
-      res.errors.push_back({"dW3 (experts " + names + ")",
-                            reference::relative_error(got3.data(), ref3.data(), got3.size()),
-                            static_cast<int64_t>(got3.size()), false});
-    res.errors.push_back({"dW2 (experts " + names + ")", reference::relative_error(got2.data(), ref2.data(), got2.size()),
-                          static_cast<int64_t>(got2.size()), false});
-  }
-  if (router) {
-    // dW_r over all tokens, from the GPU's gate gradients (themselves checked above).
-    std::vector<double> dg(dgates_gpu.begin(), dgates_gpu.end());
-    const auto dl = reference::router_logits_grad(spec, logits.data(), ids.data(), dg.data(), T, E, K);
-    const auto ref = reference::router_weight_grad(dl.data(), x.data(), T, E, d);
-    std::vector<float> none;
-    std::vector<double> got(static_cast<size_t>(E) * d);
-    if (o.accumulate_fp32) {
-      const auto v = download<float>(d_dwr, got.size());
-      for (size_t i = 0; i < got.size(); ++i) got[i] = static_cast<double>(v[i]) - acc_initr[i];
-    } else {
-      const auto v = download<bf16>(d_dwr, got.size());
-      note_unwritten("dw_router", has_poison(v));
-      for (size_t i = 0; i < got.size(); ++i) got[i] = to_float(v[i]);
-    }
-    res.errors.push_back({"dW_router", reference::relative_error(got.data(), ref.data(), got.size()),
-                          static_cast<int64_t>(got.size()), false});
-  }
+  const std::vector<int32_t> ids = detail::compare_index_arrays(c, res);
+  std::vector<double> logits;
+  const std::vector<double> gates = detail::compare_router(c, ids, logits, res);
+  const std::vector<int64_t> tokens = detail::sample_tokens(c);
+  detail::compare_forward(c, ids, gates, tokens, res);
+  if (o.backward) detail::compare_backward(c, ids, gates, logits, tokens, res);
   return res;
 }
 
