@@ -1,27 +1,14 @@
 // GPU tests: the whole layer against the CPU reference over a table of cases (shapes,
 // activations, routers, routing distributions, checkpoint modes). Exit code 77 (CTest:
-// skipped) with a message when no GPU is present. Label: gpu.
+// skipped) with a message when no GPU is present (gpu_main.cpp). Label: gpu.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
-
-#include <cstdio>
 
 #include "core/bf16.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "testing/layer_check.hpp"
 
 using namespace moeblaze;
-
-int moeblaze_test_main_hook(int argc, char** argv) {
-  std::string why;
-  if (!gpu_available(&why)) {
-    std::printf("SKIPPED: GPU tests need a GPU: %s\n", why.c_str());
-    return 77;
-  }
-  (void)argc;
-  (void)argv;
-  return -1;  // run doctest
-}
 
 namespace {
 

@@ -1,0 +1,219 @@
+#include "tile_table.hpp"
+
+#include <fmt/format.h>
+
+#include "core/errors.hpp"
+#include "generator/heuristics.hpp"
+
+namespace moeblaze::tables {
+namespace {
+
+// ---- shapes ---------------------------------------------------------------------------
+
+TableShape small(MoeShape s, int64_t T, Activation act = Activation::swiglu,
+                 RoutingDistribution routing = RoutingDistribution::random, bool accumulate = false) {
+  TableShape t;
+  t.layer.shape = s;
+  t.layer.activation = act;
+  t.tokens = T;
+  t.routing = routing;
+  t.accumulate_fp32 = accumulate;
+  t.name = fmt::format("E{} K{} d{} n{} T{}", s.experts, s.topk, s.hidden, s.ffn, T);
+  if (act != Activation::swiglu) t.name += " " + to_string(act);
+  if (routing != RoutingDistribution::random) t.name += " " + to_string(routing);
+  if (accumulate) t.name += " fp32-accumulate";
+  return t;
+}
+
+TableShape preset(const std::string& name) {
+  const Preset& p = find_preset(name);
+  TableShape t;
+  t.name = name;
+  t.layer = p.layer;
+  t.tokens = p.tokens;
+  return t;
+}
+
+// The small shapes of the device checks, each chosen for what it stresses.
+const TableShape kSmall = small({8, 2, 256, 128}, 300);
+const TableShape kSkewed = small({64, 8, 256, 192}, 1000, Activation::swiglu, RoutingDistribution::skewed);
+const TableShape kSkewedSilu = small({64, 8, 256, 192}, 1000, Activation::silu, RoutingDistribution::skewed);
+const TableShape kSkewedGelu = small({64, 8, 256, 192}, 1000, Activation::gelu, RoutingDistribution::skewed);
+// d and n not multiples of 64, E not of 8: partial tiles everywhere.
+const TableShape kRagged = small({60, 4, 136, 200}, 777, Activation::geglu);
+const TableShape kRagged192 = small({60, 4, 192, 200}, 777, Activation::geglu);
+const TableShape kRaggedTma = small({60, 4, 192, 256}, 777, Activation::geglu);
+// n > d: the forward's slot chunks and the backward's hg column chunks.
+const TableShape kChunked = small({8, 2, 128, 1000}, 1000);
+const TableShape kChunkedSkewed = small({8, 2, 128, 1000}, 1000, Activation::swiglu, RoutingDistribution::skewed);
+const TableShape kChunkedGelu = small({6, 2, 192, 520}, 777, Activation::gelu);
+// TMA-store boxes: partial column boxes (d = 200), and up_wgrad tiles straddling dW1 | dW3 (n = 200).
+const TableShape kStoreCols = small({60, 4, 200, 256}, 777);
+const TableShape kStoreStraddle = small({60, 4, 200, 200}, 777, Activation::geglu);
+// 192-wide tiles: exact, ragged and skewed columns.
+const TableShape k192 = small({8, 2, 384, 192}, 300);
+const TableShape k192Ragged = small({60, 4, 448, 320}, 777, Activation::geglu);
+const TableShape k192Skewed = small({64, 8, 576, 192}, 1000, Activation::swiglu, RoutingDistribution::skewed);
+const TableShape kAccumulate = small({8, 2, 256, 128}, 300, Activation::swiglu, RoutingDistribution::random, true);
+
+// ---- tile kinds -----------------------------------------------------------------------
+
+TileKind forced(std::string name, std::string what, std::vector<std::string> pairs) {
+  TileKind k{std::move(name), std::move(what), {}};
+  k.tiles = [pairs = std::move(pairs)](const LayerConfig&, int64_t) {
+    std::map<KernelFamily, TileConfig> out;
+    for (const std::string& p : pairs) {
+      const auto eq = p.find('=');
+      if (eq == std::string::npos) throw InvalidArgument("tile table", "'" + p + "' is not FAMILY=TILE");
+      out[parse_family(p.substr(0, eq))] = TileConfig::parse(p.substr(eq + 1));
+    }
+    return out;
+  };
+  return k;
+}
+
+// Every GEMM family on one wgmma pipeline: "_wg" (shared cp.async pipeline), "_ws"
+// (warp-specialised) or "_wsp" (persistent; the router GEMMs, one tile per block, run "_ws").
+TileKind wgmma_kind(const std::string& suffix) {
+  const std::string router = suffix == "_wsp" ? "_ws" : suffix;
+  const std::string wide = suffix == "_wsp" ? "256" : "128";
+  std::vector<std::string> pairs = {"up_proj=128x128x64_w8x1_s3" + suffix, "down_proj=128x256x64_w8x1_s3" + suffix,
+                                    "router_logits=128x64x64_w8x1_s4" + router};
+  for (const char* f : {"down_dgrad", "down_wgrad", "up_wgrad", "up_dgrad"})
+    pairs.push_back(fmt::format("{}=128x{}x64_w8x1_s4{}", f, wide, suffix));
+  for (const char* f : {"router_dgrad", "router_wgrad"}) pairs.push_back(fmt::format("{}=128x128x64_w8x1_s4{}", f, router));
+  return forced(suffix.substr(1), "every GEMM family on " + suffix + " tiles", pairs);
+}
+
+// A rule over the default tiles of every tiled family the layer has.
+TileKind from_defaults(std::string name, std::string what, const std::string& arch,
+                       std::function<bool(KernelFamily, TileConfig&)> change) {
+  TileKind k{std::move(name), std::move(what), {}};
+  k.tiles = [arch, change](const LayerConfig& layer, int64_t T) {
+    std::map<KernelFamily, TileConfig> out;
+    for (const KernelSpec& s : layer_kernel_specs(layer, arch, T)) {
+      if (!is_tiled(s.family)) continue;
+      TileConfig t = s.tile;
+      if (change(s.family, t)) out[s.family] = t;
+    }
+    return out;
+  };
+  return k;
+}
+
+const TileKind kDefaults{"defaults", "the default tiles", [](const LayerConfig&, int64_t) {
+                           return std::map<KernelFamily, TileConfig>{};
+                         }};
+const TileKind kWg = wgmma_kind("_wg");
+const TileKind kWs = wgmma_kind("_ws");
+const TileKind kWsp = wgmma_kind("_wsp");
+const TileKind kTma = forced("tma", "up_proj, down_proj: warp-specialised, TMA loads",
+                             {"up_proj=128x128x64_w8x1_s4_ws_tma", "down_proj=128x256x64_w8x1_s4_ws_tma"});
+const TileKind kTmaP = forced("tma-persistent", "up_proj, down_proj: persistent, TMA loads",
+                              {"up_proj=128x128x64_w8x1_s4_wsp_tma", "down_proj=128x256x64_w8x1_s4_wsp_tma"});
+const TileKind kTmaWgrad = forced("tma-wgrad", "up_wgrad (dH), down_wgrad (hg): warp-specialised, TMA loads",
+                                  {"up_wgrad=128x256x64_w8x1_s4_ws_tma", "down_wgrad=128x256x64_w8x1_s4_ws_tma"});
+const TileKind kTmaWgradP = forced("tma-wgrad-persistent", "up_wgrad, down_wgrad: persistent, TMA loads",
+                                   {"up_wgrad=128x256x64_w8x1_s4_wsp_tma", "down_wgrad=128x256x64_w8x1_s4_wsp_tma"});
+const TileKind kTmaDgrad = forced("tma-dgrad", "up_dgrad, down_dgrad: warp-specialised, TMA loads",
+                                  {"up_dgrad=128x256x64_w8x1_s4_ws_tma", "down_dgrad=128x256x64_w8x1_s4_ws_tma"});
+const TileKind kTmaDgradP = forced("tma-dgrad-persistent", "up_dgrad, down_dgrad: persistent, TMA loads",
+                                   {"up_dgrad=128x256x64_w8x1_s4_wsp_tma", "down_dgrad=128x256x64_w8x1_s4_wsp_tma"});
+const TileKind kDgradWs256 = forced("dgrad-ws256", "down_dgrad: warp-specialised 128x256, cp.async loads",
+                                    {"down_dgrad=128x256x64_w8x1_s4_ws"});
+const TileKind k192Wide = forced("bn192", "192-wide tiles: down_proj, up_dgrad, up_wgrad",
+                                 {"down_proj=128x192x64_w8x1_s4_wsp_tma", "up_dgrad=128x192x64_w8x1_s4_ws_tma",
+                                  "up_wgrad=128x192x64_w8x1_s4_wsp_tma"});
+const TileKind kTstore = forced("tstore", "up_wgrad, down_wgrad: TMA-store epilogue, persistent 128x256",
+                                {"up_wgrad=128x256x64_w8x1_s3_wsp_tma_tstore",
+                                 "down_wgrad=128x256x64_w8x1_s3_wsp_tma_tstore"});
+const TileKind kTstoreMixed = forced("tstore-mixed", "TMA-store epilogue: 128x128 persistent, and cp.async loads",
+                                     {"up_wgrad=128x128x64_w8x1_s4_wsp_tma_tstore",
+                                      "down_wgrad=128x256x64_w8x1_s3_ws_tstore"});
+const TileKind kDgradWide = forced("dgrad-wide", "down_dgrad: persistent 128x256, TMA loads",
+                                   {"down_dgrad=128x256x64_w8x1_s4_wsp_tma"});
+const TileKind kDgrad128 = forced("dgrad-128", "down_dgrad: persistent 128x128, TMA loads",
+                                  {"down_dgrad=128x128x64_w8x1_s4_wsp_tma"});
+const TileKind kSwap = from_defaults("swap", "the default tiles of the expert GEMMs in the other tile order", "sm_90a",
+                                     [](KernelFamily f, TileConfig& t) {
+                                       if (!supports_persistent(f) || !t.wgmma) return false;
+                                       t.swap = true;
+                                       return true;
+                                     });
+const TileKind kMmaSync = from_defaults("mma-sync", "every GEMM family on its mma.sync tile (the sm_80 path)", "sm_80",
+                                        [](KernelFamily, TileConfig&) { return true; });
+
+struct KindRows {
+  const TileKind& kind;
+  std::vector<std::pair<TableShape, CheckpointMode>> small;  // fast rows
+  std::vector<std::string> presets;                         // full sweep, save-h
+};
+
+const CheckpointMode kSaveH = CheckpointMode::save_h, kRecompute = CheckpointMode::recompute;
+
+std::vector<KindRows> table() {
+  const std::vector<std::string> suite = {"mixtral-8x7b", "gpt-oss-20b", "olmoe-1b-7b",
+                                          "qwen3-30b-a3b", "deepseek-v3", "qwen3-next-80b"};
+  return {
+      {kDefaults, {{kChunkedSkewed, kSaveH}, {kChunkedGelu, kRecompute}}, suite},
+      {kWg, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRagged, kRecompute}}, {"qwen3-30b-a3b"}},
+      {kWs, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRagged, kRecompute}}, {"qwen3-30b-a3b"}},
+      {kWsp, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRagged, kRecompute}}, {"qwen3-30b-a3b"}},
+      {kTma, {{kSmall, kSaveH}, {kRagged, kRecompute}}, {"gpt-oss-20b", "mixtral-8x7b"}},
+      {kTmaP, {{kSkewedSilu, kSaveH}}, {"gpt-oss-20b", "mixtral-8x7b"}},
+      {kTmaWgrad, {{kRagged, kSaveH}}, {"qwen3-next-80b", "mixtral-8x7b"}},
+      {kTmaWgradP, {{kSkewedSilu, kSaveH}}, {}},
+      {kTmaDgrad, {{kSmall, kSaveH}, {kRaggedTma, kSaveH}}, {"qwen3-next-80b", "mixtral-8x7b"}},
+      {kTmaDgradP, {{kSkewedSilu, kSaveH}}, {}},
+      {kDgradWs256, {{kSmall, kSaveH}, {kSkewedGelu, kSaveH}, {kChunked, kSaveH}}, {"mixtral-8x7b", "qwen3-next-80b"}},
+      {k192Wide, {{k192, kSaveH}, {k192Ragged, kSaveH}, {k192Skewed, kSaveH}}, {"gpt-oss-20b"}},
+      {kTstore,
+       {{kSmall, kSaveH}, {kStoreCols, kSaveH}, {kStoreStraddle, kSaveH}, {kSkewedSilu, kSaveH},
+        {kChunkedSkewed, kSaveH}, {kAccumulate, kSaveH}},
+       {"gpt-oss-20b", "mixtral-8x7b"}},
+      {kTstoreMixed, {{kStoreStraddle, kRecompute}}, {}},
+      {kDgradWide,
+       {{kSmall, kSaveH}, {kRagged192, kSaveH}, {kSkewedSilu, kSaveH}, {kChunkedSkewed, kSaveH},
+        {kChunkedGelu, kRecompute}},
+       {"gpt-oss-20b", "mixtral-8x7b"}},
+      {kDgrad128, {{kRagged192, kSaveH}}, {}},
+      {kSwap, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRagged, kRecompute}}, {"qwen3-30b-a3b"}},
+  };
+}
+
+CheckpointMode other(CheckpointMode m) { return m == kSaveH ? kRecompute : kSaveH; }
+
+}  // namespace
+
+std::string TableRow::name() const { return kind.name + " / " + shape.name + " / " + to_string(mode); }
+
+std::vector<TableRow> fast_rows() {
+  std::vector<TableRow> rows;
+  for (const KindRows& k : table())
+    for (const auto& [shape, mode] : k.small) rows.push_back({k.kind, shape, mode});
+  return rows;
+}
+
+std::vector<TableRow> sweep_rows() {
+  std::vector<TableRow> rows;
+  for (const KindRows& k : table()) {
+    for (const auto& [shape, mode] : k.small) rows.push_back({k.kind, shape, other(mode)});
+    for (const std::string& p : k.presets) rows.push_back({k.kind, preset(p), kSaveH});
+  }
+  for (const TableShape& s : {kSmall, kSkewed}) rows.push_back({kMmaSync, s, kSaveH});
+  rows.push_back({kMmaSync, kRagged, kRecompute});
+  return rows;
+}
+
+LayerCheckOptions check_options(const TableRow& row) {
+  LayerCheckOptions o;
+  o.layer = row.shape.layer;
+  o.tokens = row.shape.tokens;
+  o.mode = row.mode;
+  o.routing = row.shape.routing;
+  o.accumulate_fp32 = row.shape.accumulate_fp32;
+  o.force = row.kind.tiles(row.shape.layer, row.shape.tokens);
+  return o;
+}
+
+}  // namespace moeblaze::tables
