@@ -35,7 +35,7 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
   // The weight gradients' TMA-store epilogue: the persistent 128x256 tile at 3 stages (the
   // staging buffer takes the fourth stage's shared memory) and the 128x128 one at 4; and the
   // 4-stage direct-store tile, which wins where an expert's slots are many (the default picks
-  // between them by E / K, tuner/heuristics.cpp).
+  // between them by E / K, generator/heuristics.cpp).
   if (arch == "sm_90a" && (family == KernelFamily::up_wgrad || family == KernelFamily::down_wgrad)) {
     for (TileConfig t : {wgmma_tile(128, 256, 3, true, true), wgmma_tile(128, 128, 4, true, true)}) {
       t.tma = t.tma_store = true;

@@ -1,4 +1,4 @@
-"""ctypes binding of the moeblaze C ABI (runtime/c_api.h).
+"""ctypes binding of the moeblaze C ABI (capi/c_api.h).
 
 The shared library is looked up in this order: $MOEBLAZE_LIBRARY, the package folder
 (pip install), the repository's build/lib (a source checkout)."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 ABI_VERSION = 1
 
-# Codes of runtime/c_api.h
+# Codes of capi/c_api.h
 OK, ERR_INVALID_ARGUMENT, ERR_NO_GPU, ERR_CUDA, ERR_COMPILE, ERR_CACHE, ERR_OTHER = range(7)
 DTYPES = {"bf16": 0, "f32": 1, "i32": 2}
 ACTIVATIONS = {"swiglu": 0, "geglu": 1, "silu": 2, "gelu": 3, "relu": 4}

@@ -1,4 +1,4 @@
-// Tests of the CPU reference (runtime/reference). The reference is what every GPU check
+// Tests of the CPU reference (testing/reference). The reference is what every GPU check
 // trusts, so it is checked here against things that do not share its code: the DESIGN.md
 // worked example, invariants, a small independent double-precision model written below,
 // and central finite differences of the scalar loss L = sum_t <y_t, dy_t>.

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include "check_result.hpp"
 #include "core/bf16.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "testing/layer_check.hpp"
@@ -71,18 +72,7 @@ TEST_CASE("gpu: layer forward and backward match the CPU reference") {
       o.accumulate_fp32 = c.accumulate;
       o.sample_tokens = 512;
       o.sample_experts = 4;
-      const LayerCheckResult r = run_layer_check(o);
-      INFO(c.name);
-      for (const auto& e : r.errors) {
-        INFO(e.name, " rel error ", e.rel_error);
-        if (e.exact) CHECK(e.rel_error == 0);
-        else CHECK(e.rel_error <= o.tolerance);
-      }
-      INFO("unwritten: ", r.unwritten, "; differs: ", r.differs);
-      CHECK(r.all_written);
-      CHECK(r.bitwise_identical);
-      MESSAGE(fmt::format("{}: max rel error {:.2e}, fwd {:.3f} ms, bwd {:.3f} ms", c.name, r.max_error(),
-                          r.forward_ms, r.backward_ms));
+      tests::check_layer_result(c.name, run_layer_check(o), o.tolerance);
     }
   }
 }

@@ -20,6 +20,7 @@
 #include <memory>
 
 #include "cache/kernel_cache.hpp"
+#include "check_result.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "tables/tile_table.hpp"
 #include "testing/layer_check.hpp"
@@ -56,18 +57,7 @@ KernelCache& run_cache() {
 void check_row(const tables::TableRow& row) {
   LayerCheckOptions o = tables::check_options(row);
   o.cache = &run_cache();  // a fresh cache holds no winners: the row's tiles and the defaults
-  const LayerCheckResult r = run_layer_check(o);
-  INFO(row.name());
-  for (const auto& e : r.errors) {
-    INFO(e.name, " rel error ", e.rel_error);
-    if (e.exact) CHECK(e.rel_error == 0);
-    else CHECK(e.rel_error <= o.tolerance);
-  }
-  INFO("unwritten: ", r.unwritten, "; differs: ", r.differs);
-  CHECK(r.all_written);
-  CHECK(r.bitwise_identical);
-  MESSAGE(fmt::format("{}: max rel error {:.2e}, fwd {:.3f} ms, bwd {:.3f} ms", row.name(), r.max_error(),
-                      r.forward_ms, r.backward_ms));
+  tests::check_layer_result(row.name(), run_layer_check(o), o.tolerance);
 }
 
 }  // namespace

@@ -107,18 +107,27 @@ const TileKind kDefaults{"defaults", "the default tiles", [](const LayerConfig&,
 const TileKind kWg = wgmma_kind("_wg");
 const TileKind kWs = wgmma_kind("_ws");
 const TileKind kWsp = wgmma_kind("_wsp");
-const TileKind kTma = forced("tma", "up_proj, down_proj: warp-specialised, TMA loads",
-                             {"up_proj=128x128x64_w8x1_s4_ws_tma", "down_proj=128x256x64_w8x1_s4_ws_tma"});
-const TileKind kTmaP = forced("tma-persistent", "up_proj, down_proj: persistent, TMA loads",
-                              {"up_proj=128x128x64_w8x1_s4_wsp_tma", "down_proj=128x256x64_w8x1_s4_wsp_tma"});
-const TileKind kTmaWgrad = forced("tma-wgrad", "up_wgrad (dH), down_wgrad (hg): warp-specialised, TMA loads",
-                                  {"up_wgrad=128x256x64_w8x1_s4_ws_tma", "down_wgrad=128x256x64_w8x1_s4_ws_tma"});
-const TileKind kTmaWgradP = forced("tma-wgrad-persistent", "up_wgrad, down_wgrad: persistent, TMA loads",
-                                   {"up_wgrad=128x256x64_w8x1_s4_wsp_tma", "down_wgrad=128x256x64_w8x1_s4_wsp_tma"});
-const TileKind kTmaDgrad = forced("tma-dgrad", "up_dgrad, down_dgrad: warp-specialised, TMA loads",
-                                  {"up_dgrad=128x256x64_w8x1_s4_ws_tma", "down_dgrad=128x256x64_w8x1_s4_ws_tma"});
-const TileKind kTmaDgradP = forced("tma-dgrad-persistent", "up_dgrad, down_dgrad: persistent, TMA loads",
-                                   {"up_dgrad=128x256x64_w8x1_s4_wsp_tma", "down_dgrad=128x256x64_w8x1_s4_wsp_tma"});
+// Warp-specialised (or persistent) tiles with TMA loads for some families: FAMILY:WIDTH pairs.
+TileKind tma_kind(std::string name, const std::string& families, const std::vector<std::string>& family_widths,
+                  bool persistent) {
+  std::vector<std::string> pairs;
+  for (const std::string& fw : family_widths) {
+    const auto colon = fw.find(':');
+    pairs.push_back(fmt::format("{}=128x{}x64_w8x1_s4_{}_tma", fw.substr(0, colon), fw.substr(colon + 1),
+                                persistent ? "wsp" : "ws"));
+  }
+  return forced(std::move(name), families + (persistent ? ": persistent" : ": warp-specialised") + ", TMA loads", pairs);
+}
+
+const std::vector<std::string> kProjections = {"up_proj:128", "down_proj:256"};
+const std::vector<std::string> kWgrads = {"up_wgrad:256", "down_wgrad:256"};
+const std::vector<std::string> kDgrads = {"up_dgrad:256", "down_dgrad:256"};
+const TileKind kTma = tma_kind("tma", "up_proj, down_proj", kProjections, false);
+const TileKind kTmaP = tma_kind("tma-persistent", "up_proj, down_proj", kProjections, true);
+const TileKind kTmaWgrad = tma_kind("tma-wgrad", "up_wgrad (dH), down_wgrad (hg)", kWgrads, false);
+const TileKind kTmaWgradP = tma_kind("tma-wgrad-persistent", "up_wgrad, down_wgrad", kWgrads, true);
+const TileKind kTmaDgrad = tma_kind("tma-dgrad", "up_dgrad, down_dgrad", kDgrads, false);
+const TileKind kTmaDgradP = tma_kind("tma-dgrad-persistent", "up_dgrad, down_dgrad", kDgrads, true);
 const TileKind kDgradWs256 = forced("dgrad-ws256", "down_dgrad: warp-specialised 128x256, cp.async loads",
                                     {"down_dgrad=128x256x64_w8x1_s4_ws"});
 const TileKind k192Wide = forced("bn192", "192-wide tiles: down_proj, up_dgrad, up_wgrad",
