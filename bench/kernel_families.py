@@ -164,17 +164,17 @@ def family_ms(assigned: Sequence[dict]) -> Dict[str, float]:
     """ms per step of each family (the median over the profiled steps; a family absent from a
     step counts 0 there), plus "gemms" (the six GEMM families) and "total"."""
     steps = sorted({r.get("step", 0) for r in assigned})
-    per_step: Dict[str, List[float]] = {}
+    sums: List[Dict[str, float]] = []
     for s in steps:
-        sums: Dict[str, float] = {}
+        step: Dict[str, float] = {}
         for r in assigned:
             if r.get("step", 0) == s:
-                sums[r["family"]] = sums.get(r["family"], 0.0) + r["us"] / 1000
-        sums["gemms"] = sum(v for k, v in sums.items() if k in GEMMS)
-        sums["total"] = sum(v for k, v in sums.items() if k in FAMILIES)
-        for k in set(sums) | set(per_step):
-            per_step.setdefault(k, []).append(sums.get(k, 0.0))
-    return {k: _median(v) for k, v in per_step.items()}
+                step[r["family"]] = step.get(r["family"], 0.0) + r["us"] / 1000
+        step["gemms"] = sum(v for k, v in step.items() if k in GEMMS)
+        step["total"] = sum(v for k, v in step.items() if k in FAMILIES)
+        sums.append(step)
+    names = {k for step in sums for k in step}
+    return {k: _median([step.get(k, 0.0) for step in sums]) for k in names}
 
 
 def top_kernels(assigned: Sequence[dict], n: int = 25) -> List[dict]:
