@@ -177,15 +177,24 @@ def family_ms(assigned: Sequence[dict]) -> Dict[str, float]:
     return {k: _median([step.get(k, 0.0) for step in sums]) for k in names}
 
 
+def op_label(ops: Sequence[str]) -> str:
+    """The op worth showing for a kernel: the innermost one of a layer's own namespace
+    (sonicmoe::, triton_kernels::, moeblaze::), else the innermost op, else "-"."""
+    for op in ops:
+        if op.startswith(("sonicmoe::", "triton_kernels::", "moeblaze::")):
+            return op
+    return ops[0] if ops else "-"
+
+
 def top_kernels(assigned: Sequence[dict], n: int = 25) -> List[dict]:
     """The n kernels with the most time per step, by (name, phase): calls and ms per step,
-    family, how it was mapped, the innermost op and its input shapes."""
+    family, how it was mapped, the op it ran in (op_label) and the innermost op's input shapes."""
     steps = max(1, len({r.get("step", 0) for r in assigned}))
     rows: Dict[tuple, dict] = {}
     for r in assigned:
         key = (r["name"], r["phase"])
         row = rows.setdefault(key, {"name": r["name"], "phase": r["phase"], "family": r["family"], "how": r["how"],
-                                    "op": (r.get("ops") or ["-"])[0], "shapes": r.get("shapes"), "us": 0.0,
+                                    "op": op_label(r.get("ops") or []), "shapes": r.get("shapes"), "us": 0.0,
                                     "calls": 0})
         row["us"] += r["us"]
         row["calls"] += 1

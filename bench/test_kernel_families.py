@@ -124,7 +124,7 @@ def test_comparison_ratio_is_theirs_over_ours_and_skips_empty_families():
 def test_render_lists_families_raw_kernels_and_errors():
     ours = kf.assign([rec(MB.format("up_proj") + "_swiglu_t", 3000), rec(MB.format("down_dgrad") + "_swiglu_t", 2000,
                                                                          "backward")], "moeblaze")
-    theirs = kf.assign([rec(Q_GATED, 2440, ops=["sonicmoe::_up_projection_forward"]),
+    theirs = kf.assign([rec(Q_GATED, 2440, ops=["quack::gemm_gated", "sonicmoe::_up_projection_forward"]),
                         rec(Q_DGATED, 1650, "backward", ops=["sonicmoe::_down_projection_backward_act"])], "sonicmoe")
     result = {"shape": {"name": "qwen3-30b-a3b", "E": 128, "K": 8, "d": 2048, "n": 768}, "tokens": 32768, "steps": 1,
               "device": "H200", "errors": {"megablocks": "peer folder .peers/megablocks not found"}, "impls": {}}
@@ -137,6 +137,7 @@ def test_render_lists_families_raw_kernels_and_errors():
     assert "| down_dgrad | " in md and "| 2.000 | 1.650 | 0.82x |" in md
     assert "megablocks did not run:** peer folder" in md
     assert "## sonicmoe: top kernels" in md and "quackgemm_actGemmGated" in md
+    assert "| forward | up_proj | op | sonicmoe::_up_projection_forward |" in md
     assert "|" not in kf.short("a|b").replace("/", "")
 
 
