@@ -83,9 +83,11 @@ _SONIC_OPS = {
 _SONIC_FUNCTIONS = (("TC_Softmax_Topk_Router_Function", "router", "router_backward"),)
 _TORCH_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::bmm")
 
-_QUACK_DGATED = re.compile(r"DGated|dgated|dact", re.I)
-_QUACK_GATED = re.compile(r"GemmGated|gemm_gated|quackgemm_act", re.I)
-_QUACK_GEMM = re.compile(r"quackgemm|Gemm\w*Sm90", re.I)
+# QuACK's kernel names (CuTe DSL: kernel_cutlass_kernel_quackgemm_<epilogue><Class>Sm90_...);
+# case-sensitive, so that cuBLAS names (sm90_xmma_gemm_...) never match.
+_QUACK_DGATED = re.compile(r"GemmDGated|quackgemm_dact")
+_QUACK_GATED = re.compile(r"GemmGated|quackgemm_act")
+_QUACK_GEMM = re.compile(r"quackgemm|Gemm[A-Za-z]*Sm90")
 _CUBLAS_GEMM = re.compile(r"^(nvjet|sm90_xmma|sm80_xmma|ampere_|cutlass)|gemm", re.I)
 _SONIC_NAMES = (  # Triton / CuTe kernels of SonicMoE outside the GEMMs, by name
     (re.compile(r"token_gather_sum|gather_and_sum"), ("combine", "dx_combine")),

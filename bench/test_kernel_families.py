@@ -89,6 +89,9 @@ def test_without_ops_the_names_and_the_order_decide():
     assert kf.sonicmoe_family("_softmax_over_topk_bwd_kernel", [], "backward", 0) == ("router_backward", "name")
     assert kf.sonicmoe_family("_compute_col_partial_sum_kernel", [], "forward", 0) == ("index_build", "name")
     assert kf.sonicmoe_family("mystery", [], "forward", 0) == ("other", "none")
+    cublas = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_kernel__5x_cublas"
+    assert not kf.is_quack_gemm(cublas)
+    assert kf.sonicmoe_family(cublas, [], "backward", 0) == ("router_backward", "name")
 
 
 def test_assign_counts_plain_gemms_per_step_and_phase():
