@@ -272,7 +272,7 @@ void check_wgmma_tiles_compile(Pick pick, bool warp_specialized, bool persistent
       std::vector<BuiltKernel> exact;
       for (const auto& b : built) {
         // Known: the persistent 128x128 up_proj (W1 and W3 stacked: 128 accumulators and the
-        // gated epilogue under the consumers' 200 registers) spills a few bytes (ws_mainloop.cuh).
+        // gated epilogue under the consumers' 200 registers) spills a few bytes (gemm/mainloop/warp_specialized.cuh).
         if (persistent && b.generated.spec.family == KernelFamily::up_proj) {
           INFO(b.compiled.kernel_name);
           CHECK(b.compiled.resources.spill_store_bytes <= 64);
