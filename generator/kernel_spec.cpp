@@ -128,14 +128,16 @@ int stacked_b_tiles(KernelFamily f, Activation act) {
 }
 
 std::string TileConfig::to_string() const {
-  return fmt::format("{}x{}x{}_w{}x{}_s{}{}{}{}{}", bm, bn, bk, warps_m, warps_n, stages,
-                     wgmma == 3 ? "_wsp" : wgmma == 2 ? "_ws" : wgmma == 1 ? "_wg" : "", tma ? "_tma" : "",
-                     tma_store ? "_tstore" : "", swap ? "_swap" : "");
+  return fmt::format("{}x{}x{}_w{}x{}_s{}{}{}{}{}{}", bm, bn, bk, warps_m, warps_n, stages,
+                     wgmma == 4 ? "_pp" : wgmma == 3 ? "_wsp" : wgmma == 2 ? "_ws" : wgmma == 1 ? "_wg" : "", tma ? "_tma" : "",
+                     tma_store ? "_tstore" : "", swap ? "_swap" : "", cluster_m == 2 ? "_c2" : "");
 }
 
 TileConfig wgmma_tile(int bm, int bn, int stages, bool warp_specialized, bool persistent) {
   return TileConfig{bm, bn, 64, bm / 16, 1, stages, persistent ? 3 : warp_specialized ? 2 : 1};
 }
+
+TileConfig pingpong_tile(int bm, int bn, int stages) { return TileConfig{bm, bn, 64, 4, 1, stages, 4}; }
 
 bool supports_wgmma(KernelFamily f) { return is_tiled(f); }
 
@@ -163,14 +165,16 @@ TileConfig TileConfig::parse(const std::string& s) {
     if (has) kind.resize(kind.size() - suffix.size());
     return has;
   };
+  if (strip("_c2")) t.cluster_m = 2;
   t.swap = strip("_swap");
   t.tma_store = strip("_tstore");
   t.tma = strip("_tma");
   if (kind == "_wg") t.wgmma = 1;
   else if (kind == "_ws") t.wgmma = 2;
   else if (kind == "_wsp") t.wgmma = 3;
+  else if (kind == "_pp") t.wgmma = 4;
   if ((n == 7 && (t.wgmma == 0 || used != static_cast<int>(s.size()))) || (n != 6 && n != 7))
-    throw InvalidArgument("tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS[_wg|_ws|_wsp][_tma][_tstore][_swap] (e.g. "
+    throw InvalidArgument("tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS[_wg|_ws|_wsp|_pp][_tma][_tstore][_swap][_c2] (e.g. "
                                               "128x128x64_w2x4_s4, 128x256x64_w8x1_s4_ws_tma)",
                                               s));
   return t;
@@ -202,13 +206,21 @@ std::string KernelSpec::name() const {
   return n;
 }
 
+int KernelSpec::cluster_size() const { return is_tiled(family) ? tile.cluster_m : 1; }
+
 std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
   if (!is_tiled(spec.family)) return {};
   const TileConfig& t = spec.tile;
   if (t.bk != 64) return "bk must be 64 (one 128-byte swizzle group per row)";
   if (t.wgmma) {
     if (!supports_wgmma(spec.family)) return "wgmma tiles are for GEMM families";
-    if (t.warps_m != t.bm / 16 || t.warps_n != 1) return "wgmma tiles have bm/16 x 1 warps";
+    if (t.pingpong()) {
+      if (t.warps_m != 4 || t.warps_n != 1) return "ping-pong tiles have 4 x 1 warps (one warpgroup per tile)";
+      if (t.bm != 64 && t.bm != 128) return "ping-pong tiles have bm 64 or 128 (one warpgroup's m64 slabs)";
+      if (!supports_persistent(spec.family)) return "ping-pong tiles are for the expert GEMMs";
+    } else if (t.warps_m != t.bm / 16 || t.warps_n != 1) {
+      return "wgmma tiles have bm/16 x 1 warps";
+    }
     if (t.bm % 64) return "wgmma tiles cover whole warpgroups (bm a multiple of 64)";
     if (t.bn != 64 && t.bn != 128 && t.bn != 192 && t.bn != 256) return "wgmma bn must be 64, 128, 192 or 256";
     // Wide-h layers run down dgrad + down wgrad in hg column chunks of a multiple of 256
@@ -216,7 +228,7 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
     if (t.bn == 192 && (spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::down_wgrad))
       return "192-wide tiles are not for down_dgrad / down_wgrad (their column chunks are multiples of 256)";
     // The cp.async tile loader gives each of 128 producer threads one 16-byte column of the
-    // tile (gemm/mainloop.cuh TileLoader): 24 chunks per 192-wide row do not divide 128.
+    // tile (gemm/loaders.cuh TileLoader): 24 chunks per 192-wide row do not divide 128.
     if (t.bn == 192 && spec.family != KernelFamily::up_wgrad && !t.tma)
       return "192-wide tiles need TMA loads (the cp.async loader cannot split a 192-wide row among 128 threads)";
     if (t.warp_specialized() && t.bm > 128) return "warp-specialised tiles have one or two consumer warpgroups";
@@ -233,6 +245,16 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
       return "TMA down_dgrad tiles need d % 64 == 0 (W2 k stages inside one expert)";
     if (spec.family == KernelFamily::up_dgrad && spec.layer.shape.ffn % 64)
       return "TMA up_dgrad tiles need n % 64 == 0 (W1/W3 k stages inside one matrix)";
+  }
+  if (t.cluster_m != 1) {
+    if (t.cluster_m != 2) return "clusters are of 1 or 2 blocks";
+    if (!t.persistent() || !t.tma) return "cluster pairs are persistent TMA tiles (_wsp or _pp with _tma)";
+    const bool slot_family = spec.family == KernelFamily::up_proj || spec.family == KernelFamily::down_proj ||
+                             spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::up_dgrad;
+    if (!slot_family) return "cluster pairs share the weight operand of the slot-tiled expert GEMMs (not the weight gradients)";
+    if (t.bm * 2 != 128 && t.bm * 2 != 256) return "a cluster pair's tile (2 bm rows) must be 128 or 256 rows";
+    if ((spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::up_dgrad) && t.bn % 128)
+      return "cluster pairs split MN-major weight stages by 64-column boxes: bn a multiple of 128";
   }
   if (t.tma_store) {
     if (spec.family != KernelFamily::up_wgrad && spec.family != KernelFamily::down_wgrad)
@@ -274,8 +296,13 @@ GeneratedKernel generate(const KernelSpec& spec) {
   if (is_tiled(spec.family)) {
     const TileConfig& t = spec.tile;
     const int nb = stacked_b_tiles(spec.family, spec.layer.activation);
-    targs = fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>, {}", t.bm, t.bn, t.bk,
-                        t.warps_m, t.warps_n, t.stages, nb, t.wgmma, t.tma ? 1 : 0, t.swap ? 1 : 0, t.tma_store ? 1 : 0, targs);
+    targs = t.cluster_m == 1
+                ? fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>, {}", t.bm, t.bn, t.bk,
+                              t.warps_m, t.warps_n, t.stages, nb, t.wgmma, t.tma ? 1 : 0, t.swap ? 1 : 0,
+                              t.tma_store ? 1 : 0, targs)
+                : fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>, {}", t.bm, t.bn, t.bk,
+                              t.warps_m, t.warps_n, t.stages, nb, t.wgmma, t.tma ? 1 : 0, t.swap ? 1 : 0,
+                              t.tma_store ? 1 : 0, t.cluster_m, targs);
     g.threads = t.threads();
     g.dynamic_smem = t.smem_bytes(nb);
   } else {

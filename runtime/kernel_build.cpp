@@ -19,6 +19,11 @@ std::string KernelBuild::error_text() const {
   }
 }
 
+std::shared_ptr<LoadedModule> load_module(const BuiltKernel& k) {
+  return std::make_shared<LoadedModule>(k.compiled.cubin, k.compiled.kernel_name, k.generated.dynamic_smem,
+                                        k.generated.threads, k.generated.spec.cluster_size());
+}
+
 std::vector<KernelBuild> build_kernels(const std::vector<KernelSpec>& specs, const BuildOptions& o,
                                        BuildCounts* counts) {
   std::vector<KernelBuild> out(specs.size());

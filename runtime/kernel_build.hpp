@@ -23,6 +23,10 @@ struct BuiltKernel {
   bool from_cache = false;               // cubin came from the cache, not from NVRTC
 };
 
+// Loads the kernel's cubin into the current context (needs a GPU) with its launch geometry:
+// block size, dynamic shared memory and cluster size.
+std::shared_ptr<LoadedModule> load_module(const BuiltKernel& kernel);
+
 struct BuildOptions {
   KernelCache* cache = nullptr;  // null: compile every kernel, store nothing
   unsigned threads = 0;          // compile threads (0: the hardware's)

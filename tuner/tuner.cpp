@@ -203,8 +203,7 @@ std::vector<std::unique_ptr<MoeLayer>> load_and_check(TokenRun& run, KernelFamil
     Candidate& c = cs[i];
     if (!c.built) continue;
     try {
-      c.built->loaded = std::make_shared<LoadedModule>(c.built->compiled.cubin, c.built->compiled.kernel_name,
-                                                       c.built->generated.dynamic_smem, c.built->generated.threads);
+      c.built->loaded = load_module(*c.built);
       KernelSet set = run.base->with_kernel(*c.built);
       // A family that follows this one's tile (gate_grad after down_dgrad) comes with it.
       for (const BuiltKernel& k : run.base->kernels()) {
@@ -213,8 +212,7 @@ std::vector<std::unique_ptr<MoeLayer>> load_and_check(TokenRun& run, KernelFamil
         KernelSpec follower = k.generated.spec;
         follower.tile = c.spec.tile;
         auto built = build_with_cache({follower}, &cache);
-        built[0].loaded = std::make_shared<LoadedModule>(built[0].compiled.cubin, built[0].compiled.kernel_name,
-                                                         built[0].generated.dynamic_smem, built[0].generated.threads);
+        built[0].loaded = load_module(built[0]);
         set = set.with_kernel(built[0]);
       }
       layers[i] = std::make_unique<MoeLayer>(std::make_shared<KernelSet>(std::move(set)));

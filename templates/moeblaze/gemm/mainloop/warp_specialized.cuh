@@ -1,0 +1,198 @@
+// Hopper (sm_90a) warp-specialised mainloop: one producer warpgroup fills the stages, the
+// consumer warpgroups only issue wgmma. Same shared-memory tile layouts and descriptors as
+// wgmma_multistage.cuh (128-byte swizzle, MN-major operands in 64-column blocks), same
+// accumulator layout, so every epilogue written for gemm::for_each_pair runs unchanged.
+//
+// Threads: consumers are threads [0, Cfg::THREADS) (warpgroup g computes rows [64g, 64g+64)),
+// the producer warpgroup is threads [Cfg::THREADS, Cfg::BLOCK_THREADS). The two roles run as
+// separate code (for_each_tile) with their own register budgets (setmaxnreg); epilogues run
+// on the consumers only.
+//
+// Pipeline, per stage s (three mbarriers):
+//   landed[s]  (one arrival per producer thread): each producer thread's
+//              cp.async.mbarrier.arrive.noinc fires when its copies into the stage completed.
+//   full[s]    (one arrival per producer thread): a producer thread that saw landed[s]
+//              complete fences its view of the stage into the async proxy (cp.async
+//              writes through the generic proxy, wgmma reads through the async proxy) and
+//              arrives; the consumers wait on full[s] and then issue wgmma on the stage.
+//   empty[s]   (one arrival per consumer warp): a consumer warp arrives once the wgmma group
+//              that read the stage has completed; the producer waits on it before refilling.
+// The producer never blocks on a single event: it runs a small loop that issues the next
+// stage when its buffer is empty and publishes the oldest stage once it has landed, so every
+// free buffer is in flight at once and a landed stage is published even while the producer
+// waits for a buffer. Consumers keep one wgmma group in flight across stages.
+//
+// Persistent tiles (Tile WGMMA_ 3): the barriers and the stage counter live across the
+// block's tiles (WsPipe), consumers release every stage including a tile's last, and the
+// producer starts the next tile's loads while the consumers run the epilogue.
+//
+// Gathered MN-major operands (the weight-gradient reductions over an expert's slots) read
+// their row indices one stage ahead (StageLoader), so the index load latency is off the
+// issue path.
+#pragma once
+#include "moeblaze/gemm/mainloop/wgmma_multistage.cuh"
+#include "moeblaze/gemm/tma_loaders.cuh"
+#include "moeblaze/ptx/cluster.cuh"
+#include "moeblaze/ptx/mbarrier.cuh"
+#include "moeblaze/ptx/warpgroup.cuh"
+
+namespace moeblaze::gemm {
+
+// Named barriers of warp-specialised blocks: 1 the cooperative consumers; ping-pong: 2 + g the
+// consumers of group g, 4 + g "group g may run its mainloop".
+constexpr int kConsumerBarrier = 1, kGroupBarrier = 2, kOrderBarrier = 4;
+
+// Barrier among the consumers of one tile only: epilogues that share data through shared memory
+// sync with this, since a persistent block's producer is already on the next tile (and, in
+// ping-pong, the other consumer group on another tile). Blocks without a producer use
+// __syncthreads.
+template <class Cfg>
+MB_DEV void consumer_sync() {
+  if constexpr (Cfg::PINGPONG) bar_sync(kGroupBarrier + consumer_group<Cfg>(), Cfg::THREADS);
+  else if constexpr (Cfg::WARP_SPECIALIZED) asm volatile("bar.sync 1, %0;\n" ::"n"(Cfg::THREADS) : "memory");
+  else __syncthreads();
+}
+
+// Pipeline of a warp-specialised block: its barriers, initialised once per block, and the
+// number of k stages run by the block's earlier tiles (`it`, the same on every thread:
+// producer and consumers walk the same tiles). Stage s of the block's i-th k step is i % S,
+// and every barrier's phase parity follows from i, so the pipeline runs on across tiles.
+template <class Cfg>
+struct WsPipe {
+  static constexpr int S = Cfg::STAGES;
+  mbar_t* bars;  // landed[S], full[S], empty[S]
+  int it;
+  MB_DEV mbar_t* landed(int s) const { return bars + s; }
+  MB_DEV mbar_t* full(int s) const { return bars + S + s; }
+  MB_DEV mbar_t* empty(int s) const { return bars + 2 * S + s; }
+};
+struct NoPipe {};
+
+template <class Cfg>
+MB_DEV WsPipe<Cfg> make_ws_pipe() {
+  constexpr int S = Cfg::STAGES;
+  __shared__ mbar_t bars[3 * S];
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&bars[s], Cfg::PRODUCER_THREADS);
+      mbar_init(&bars[S + s], Cfg::PRODUCER_THREADS);
+      // A cluster pair's stages are written by both blocks' producers (multicast): a stage is
+      // free once the consumers of both blocks have released it.
+      mbar_init(&bars[2 * S + s], Cfg::THREADS / 32 * Cfg::CLUSTER);
+    }
+    if constexpr (Cfg::CLUSTER > 1) fence_mbarrier_init_cluster();
+  }
+  if constexpr (Cfg::CLUSTER > 1) cluster_sync();  // the partner's barriers exist before any remote arrive
+  else __syncthreads();
+  return WsPipe<Cfg>{bars, 0};
+}
+
+// The producer's part of one tile: issue the tile's k stages into free buffers and publish
+// each once landed. Returns when the last stage is published; the consumers may still be on
+// earlier stages.
+template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, class ASrc, class BSrc>
+MB_DEV void ws_produce(const ASrc& a_src, const BSrc& b_src, int k_size, bf16_t* smem_raw, WsPipe<Cfg>& pipe) {
+  constexpr int S = Cfg::STAGES;
+  bf16_t* smem = align_1024(smem_raw);
+  const int ptid = producer_tid<Cfg>();
+  const int k_tiles = (k_size + Cfg::BK - 1) / Cfg::BK;
+  const int base = pipe.it, end = base + k_tiles;  // the block's k steps of this tile: [base, end)
+  constexpr int A_ROWS = A_KMAJOR ? Cfg::BM : Cfg::BK, A_COLS = A_KMAJOR ? Cfg::BK : Cfg::BM;
+  constexpr int B_ROWS = B_KMAJOR ? Cfg::NB * Cfg::BN : Cfg::BK, B_COLS = B_KMAJOR ? Cfg::BK : Cfg::BN;
+  // Each operand by TMA (TmaRows / TmaMnRows sources) or by the producer's cp.async copies.
+  using ALoad = LoaderFor<A_ROWS, A_COLS, Cfg::PRODUCER_THREADS, A_KMAJOR, ASrc>;
+  using BLoad = LoaderFor<B_ROWS, B_COLS, Cfg::PRODUCER_THREADS, B_KMAJOR, BSrc, Cfg::CLUSTER>;
+  typename ALoad::type a_load(a_src, ptid);
+  typename BLoad::type b_load(b_src, ptid);
+  a_load.fetch(0);
+  b_load.fetch(0);
+  int issued = base, published = base;
+  while (published < end) {
+    if (issued < end) {
+      const int s = issued % S;
+      if (issued < S || mbar_test(pipe.empty(s), ((issued / S) & 1) ^ 1)) {
+        bf16_t* stage = smem + s * Cfg::STAGE_ELEMS;
+        const int k0 = (issued - base) * Cfg::BK;
+        // TMA bytes complete on full[s], which also waits for every producer thread's arrival
+        // after landed[s] (the cp.async copies): the consumers see both operands.
+        load_operand<ALoad::kTma>(a_load, stage, k0, pipe.full(s));
+        load_operand<BLoad::kTma>(b_load, stage + Cfg::A_ELEMS, k0, pipe.full(s));
+        cp_async_arrive_noinc(pipe.landed(s));
+        ++issued;
+        a_load.fetch(k0 + Cfg::BK);
+        b_load.fetch(k0 + Cfg::BK);
+      }
+    }
+    if (published < issued) {
+      const int s = published % S;
+      if (mbar_test(pipe.landed(s), (published / S) & 1)) {
+        fence_proxy_async_smem();
+        mbar_arrive(pipe.full(s));
+        ++published;
+      }
+    }
+  }
+  pipe.it = end;
+}
+
+// A consumer warp hands a stage buffer back: to its own producer, and in a cluster pair also to
+// the partner's, whose multicast writes into this block's buffer too.
+template <class Cfg>
+MB_DEV void release_stage(mbar_t* empty) {
+  mbar_arrive(empty);
+  if constexpr (Cfg::CLUSTER == 2) mbar_arrive_cluster(empty, cluster_ctarank() ^ 1);
+}
+
+// The consumers' part of one tile: wgmma over the tile's k stages as they are published,
+// one group in flight, every buffer handed back (the tile's last one too, for the next
+// tile's fill). Starts with a consumer barrier, so shared memory the epilogue reads and
+// other consumers wrote before the mainloop (down_dgrad's gates) is visible after it.
+template <class Cfg, bool A_KMAJOR, bool B_KMAJOR>
+MB_DEV void ws_consume(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], int k_size, bf16_t* smem_raw,
+                       WsPipe<Cfg>& pipe) {
+  constexpr int S = Cfg::STAGES;
+  bf16_t* smem = align_1024(smem_raw);
+  const int k_tiles = (k_size + Cfg::BK - 1) / Cfg::BK;
+  const int base = pipe.it, end = base + k_tiles;
+  consumer_sync<Cfg>();
+  zero_accumulators(acc);
+  const int warpgroup = consumer_tid<Cfg>() / 128, lane = threadIdx.x & 31;
+  // Ping-pong: the groups' mainloops take turns (the other group is in its epilogue meanwhile);
+  // a group hands the turn over once it has issued its tile's last k step.
+  if constexpr (Cfg::PINGPONG) bar_sync(kOrderBarrier + consumer_group<Cfg>(), 2 * Cfg::THREADS);
+  for (int it = base; it < end; ++it) {
+    const int s = it % S;
+    mbar_wait(pipe.full(s), (it / S) & 1);
+    issue_stage<Cfg, A_KMAJOR, B_KMAJOR>(acc, smem + s * Cfg::STAGE_ELEMS, warpgroup);
+    wgmma_wait<1>();  // the group of step it-1 has completed: hand its buffer back
+    if (it > base && lane == 0) release_stage<Cfg>(pipe.empty((it - 1) % S));
+  }
+  if constexpr (Cfg::PINGPONG) bar_arrive(kOrderBarrier + (consumer_group<Cfg>() ^ 1), 2 * Cfg::THREADS);
+  wgmma_wait<0>();
+  fence_accumulators(acc);
+  if (end > base && lane == 0) release_stage<Cfg>(pipe.empty((end - 1) % S));
+  pipe.it = end;
+}
+
+template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, class ASrc, class BSrc, class Role>
+MB_DEV void ws_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASrc& a_src, const BSrc& b_src,
+                        int k_size, bf16_t* smem, WsPipe<Cfg>& pipe, Role) {
+  static_assert(Cfg::WARPS_N == 1 && Cfg::WTM == 16 * Cfg::MT && (Cfg::MT == 1 || Cfg::PINGPONG),
+                "wgmma tiles: one 16-row slab per warp and m64 slab (several slabs: ping-pong groups)");
+  static_assert(Cfg::BM % 64 == 0 && Cfg::BK == 64, "wgmma tiles: whole warpgroups, 64-wide k");
+  static_assert(B_KMAJOR || Cfg::NB == 1, "stacked B tiles are K-major");
+  if constexpr (Role::kLoads && Role::kComputes) {  // a one-tile block split here (router GEMMs)
+    if (!is_consumer<Cfg>()) ws_produce<Cfg, A_KMAJOR, B_KMAJOR>(a_src, b_src, k_size, smem, pipe);
+    else ws_consume<Cfg, A_KMAJOR, B_KMAJOR>(acc, k_size, smem, pipe);
+    __syncthreads();
+  } else if constexpr (Role::kLoads) {
+    ws_produce<Cfg, A_KMAJOR, B_KMAJOR>(a_src, b_src, k_size, smem, pipe);
+  } else if constexpr (Role::kComputes) {
+    ws_consume<Cfg, A_KMAJOR, B_KMAJOR>(acc, k_size, smem, pipe);
+  } else {  // a ping-pong group passing over the other group's tile: its k steps, uncounted here
+    pipe.it += (k_size + Cfg::BK - 1) / Cfg::BK;
+  }
+}
+
+}  // namespace moeblaze::gemm
