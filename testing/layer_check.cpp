@@ -54,37 +54,21 @@ struct Snapshot {
   }
 };
 
-// ---- step 1: the device and the layer's kernels ---------------------------------------
-
-struct DeviceIdentity {
-  std::string name, arch;
-};
-DeviceIdentity current_device() {
-  const CudaDriver& drv = cuda_driver();
-  CUdevice dev;
-  MB_CU(drv.cuDeviceGet(&dev, 0));
-  char name[256] = {};
-  MB_CU(drv.cuDeviceGetName(name, sizeof name, dev));
-  int cc_major = 0, cc_minor = 0;
-  MB_CU(drv.cuDeviceGetAttribute(&cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
-  MB_CU(drv.cuDeviceGetAttribute(&cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
-  return {name, cc_major == 9 && cc_minor == 0 ? "sm_90a" : fmt::format("sm_{}{}", cc_major, cc_minor)};
-}
+// ---- step 1: the layer's kernels -------------------------------------------------------
 
 // Default tiles compiled now, or (with a cache or forced tiles) what the runtime would load;
 // `kernels` says which.
-MoeLayer load_layer(const LayerCheckOptions& o, const std::string& arch, std::string& kernels) {
+MoeLayer load_layer(const LayerCheckOptions& o, const DeviceInfo& device, std::string& kernels) {
   if (!o.cache && o.force.empty()) {
     kernels = "default tiles, compiled now";
-    return MoeLayer::build(o.layer, arch);
+    return MoeLayer::build(o.layer, device.arch());
   }
-  DeviceContext dc(0);
   LoadOptions lo;
   lo.tokens = o.tokens;
   lo.policy = o.policy;
   lo.force = o.force;
   LoadReport lr;
-  MoeLayer layer(std::make_shared<KernelSet>(load_kernels(o.layer, dc.info(), o.cache, lo, &lr)));
+  MoeLayer layer(std::make_shared<KernelSet>(load_kernels(o.layer, device, o.cache, lo, &lr)));
   kernels = lr.summary();
   for (const auto& k : lr.kernels)
     if (k.tile_source != TileSource::default_tile) kernels += fmt::format("; {} {}", to_string(k.family), k.tile.to_string());
@@ -334,14 +318,15 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
   const LayerConfig& l = o.layer;
   l.validate();
   if (o.tokens <= 0) throw InvalidArgument("tokens", fmt::format("T = {} must be at least 1", o.tokens));
+  // The caller's (primary) context, held until every buffer and module of the check is gone.
+  const DeviceContext device(0);
   CheckData c{o, l.shape.experts, l.shape.topk, l.shape.hidden, l.shape.ffn, o.tokens,
               is_gated(l.activation), l.router != RouterKind::none, {}, {}, {}};
 
   LayerCheckResult res;
-  const DeviceIdentity device = current_device();
-  const MoeLayer layer = load_layer(o, device.arch, res.kernels);
+  const MoeLayer layer = load_layer(o, device.info(), res.kernels);
   res.layer = l.describe();
-  res.device = device.name;
+  res.device = device.info().name;
   res.tokens = c.T;
   res.plan = layer.memory_plan(c.T, o.mode);
   res.peak_bytes = peak_bytes(res.plan, l, c.T, o.backward);

@@ -85,20 +85,39 @@ TileKind wgmma_kind(const std::string& suffix) {
   return forced(suffix.substr(1), "every GEMM family on " + suffix + " tiles", pairs);
 }
 
-// A rule over the default tiles of every tiled family the layer has.
+// A rule over the default tiles of every tiled family the layer has: `change` turns a
+// family's default into the kind's tile, or returns false to leave the family out. Tiles the
+// layer cannot take are left out too (the kind then covers the families it can).
 TileKind from_defaults(std::string name, std::string what, const std::string& arch,
-                       std::function<bool(KernelFamily, TileConfig&)> change) {
+                       std::function<bool(KernelFamily, const LayerConfig&, TileConfig&)> change) {
   TileKind k{std::move(name), std::move(what), {}};
   k.tiles = [arch, change](const LayerConfig& layer, int64_t T) {
     std::map<KernelFamily, TileConfig> out;
     for (const KernelSpec& s : layer_kernel_specs(layer, arch, T)) {
       if (!is_tiled(s.family)) continue;
       TileConfig t = s.tile;
-      if (change(s.family, t)) out[s.family] = t;
+      if (change(s.family, layer, t) && legality_problem(KernelSpec{s.family, layer, t, "sm_90a"}).empty())
+        out[s.family] = t;
     }
     return out;
   };
   return k;
+}
+
+// The expert GEMMs on one ping-pong tile (two consumer warpgroups on alternate tiles), TMA for
+// the operands that are not gathered; bn counts W1 and W3 together for the gated up_proj.
+TileKind pingpong_kind(std::string name, std::string what, int bm, int bn, int stages, bool tstore, int cluster) {
+  return from_defaults(std::move(name), std::move(what), "sm_90a",
+                       [=](KernelFamily f, const LayerConfig& l, TileConfig& t) {
+                         if (!supports_persistent(f)) return false;
+                         const bool wgrad = f == KernelFamily::up_wgrad || f == KernelFamily::down_wgrad;
+                         if (tstore && !wgrad) return false;
+                         t = pingpong_tile(bm, bn / stacked_b_tiles(f, l.activation), stages);
+                         t.tma = true;
+                         t.tma_store = tstore;
+                         t.cluster_m = cluster;
+                         return true;
+                       });
 }
 
 const TileKind kDefaults{"defaults", "the default tiles", [](const LayerConfig&, int64_t) {
@@ -144,13 +163,29 @@ const TileKind kDgradWide = forced("dgrad-wide", "down_dgrad: persistent 128x256
 const TileKind kDgrad128 = forced("dgrad-128", "down_dgrad: persistent 128x128, TMA loads",
                                   {"down_dgrad=128x128x64_w8x1_s4_wsp_tma"});
 const TileKind kSwap = from_defaults("swap", "the default tiles of the expert GEMMs in the other tile order", "sm_90a",
-                                     [](KernelFamily f, TileConfig& t) {
+                                     [](KernelFamily f, const LayerConfig&, TileConfig& t) {
                                        if (!supports_persistent(f) || !t.wgmma) return false;
                                        t.swap = true;
                                        return true;
                                      });
 const TileKind kMmaSync = from_defaults("mma-sync", "every GEMM family on its mma.sync tile (the sm_80 path)", "sm_80",
-                                        [](KernelFamily, TileConfig&) { return true; });
+                                        [](KernelFamily, const LayerConfig&, TileConfig&) { return true; });
+const TileKind kPingpong = pingpong_kind("pingpong", "expert GEMMs: ping-pong 128x128, 6 stages, TMA loads", 128, 128,
+                                         6, false, 1);
+const TileKind kPingpong64 = pingpong_kind("pingpong-64", "expert GEMMs: ping-pong 64x256, 5 stages, TMA loads", 64, 256,
+                                           5, false, 1);
+const TileKind kPingpongTstore = pingpong_kind("pingpong-tstore", "weight gradients: ping-pong 128x128, TMA-store epilogue",
+                                               128, 128, 4, true, 1);
+const TileKind kClusterPair = from_defaults("cluster-pair", "slot-tiled GEMMs: the persistent TMA default as a cluster pair",
+                                            "sm_90a", [](KernelFamily f, const LayerConfig&, TileConfig& t) {
+                                              if (!supports_persistent(f) || !t.warp_specialized()) return false;
+                                              t.tma = true;
+                                              if (t.wgmma == 2) t.wgmma = 3;
+                                              t.cluster_m = 2;
+                                              return true;
+                                            });
+const TileKind kClusterPingpong = pingpong_kind("cluster-pingpong", "slot-tiled GEMMs: ping-pong 64x256 as a cluster pair",
+                                                64, 256, 5, false, 2);
 
 struct KindRows {
   const TileKind& kind;
@@ -187,6 +222,11 @@ std::vector<KindRows> table() {
        {"gpt-oss-20b", "mixtral-8x7b"}},
       {kDgrad128, {{kRagged192, kSaveH}}, {}},
       {kSwap, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRagged, kRecompute}}, {"qwen3-30b-a3b"}},
+      {kPingpong, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRaggedTma, kRecompute}}, {"qwen3-30b-a3b", "mixtral-8x7b"}},
+      {kPingpong64, {{kSmall, kSaveH}, {kSkewedSilu, kSaveH}}, {"qwen3-30b-a3b"}},
+      {kPingpongTstore, {{kSmall, kSaveH}, {kStoreStraddle, kSaveH}, {kAccumulate, kSaveH}}, {"deepseek-v3"}},
+      {kClusterPair, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRaggedTma, kRecompute}}, {"qwen3-30b-a3b", "gpt-oss-20b"}},
+      {kClusterPingpong, {{kSmall, kSaveH}, {kChunkedSkewed, kSaveH}}, {"qwen3-30b-a3b"}},
   };
 }
 
