@@ -1,4 +1,4 @@
-// The expert GEMMs of the layer (DESIGN.md 1.3), each a grouped GEMM over experts with
+// The expert GEMMs of the layer (docs/design.md "Kernels"), each a grouped GEMM over experts with
 // its gather fused into the operand load and its elementwise work fused into the epilogue.
 // Shape parameters are compiled in: E experts, K picks, D model width, N expert width,
 // ACT activation. G = 2 for gated activations ([A|B] side by side), else 1.
@@ -240,8 +240,8 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
       for (int mt = 0; mt < Cfg::MT; ++mt)
         // The row loop stays rolled: one copy of the chunk loop's code instead of two, the
         // pair it reads from each accumulator block picked by selects (the accumulators stay
-        // in registers). Measured 3-5% faster on the persistent tile (bench/NOTES.md v1.0);
-        // not through the instruction cache: ncu's no-instruction stalls are ~1% either way.
+        // in registers). Measured 3-5% faster on the persistent tile, from fewer math-pipe
+        // stalls (ncu), not the instruction cache (no-instruction stalls ~1% either way).
 #pragma unroll 1
         for (int half = 0; half < 2; ++half) {
           const int r = warp_m * Cfg::WTM + mt * 16 + (lane >> 2) + half * 8;
@@ -445,8 +445,8 @@ MB_DEV void up_wgrad(const WgradArgs& p) {
     if constexpr (Cfg::TSTORE) {  // bf16 gradients: staged, stored by TMA into dW1 or dW3
       // A tile straddling dW1 | dW3 (n % BM != 0: one per expert and column of tiles) keeps
       // the direct stores below: its dW3 part would start at a negative row of dW3's map, and
-      // TMA stores at negative coordinates stopped the GPU with an illegal instruction (run 9
-      // call 1; partial boxes at the far edges store fine: tstore_small_cols, call 2).
+      // TMA stores at negative coordinates stopped the GPU with an illegal instruction (partial
+      // boxes at the far edges store fine: the ragged-column grad-checks pass).
       const bool straddles = G == 2 && w.m0 < N && w.m0 + Cfg::BM > N;
       if (!p.accumulate_fp32 && !straddles) {
         const bool dw3 = w.m0 >= N;

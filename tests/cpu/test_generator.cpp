@@ -47,7 +47,7 @@ TEST_CASE("generator: every kernel of every suite shape compiles for sm_90a with
 }
 
 TEST_CASE("generator: the default expert GEMM tiles compile for the small shapes the GPU checks run") {
-  // tests/gpu/device_all.sh's small grad-checks: d or n not multiples of 64, 128 or 256, and
+  // tools/gpu_run.sh's small grad-checks: d or n not multiples of 64, 128 or 256, and
   // multiples of 192 (where 192-wide defaults are chosen only with TMA loads: a 192-wide
   // cp.async default for d = 192, n = 520 once failed its static_assert on the GPU machine).
   const int shapes[][4] = {{8, 2, 256, 128},  {60, 4, 200, 200}, {64, 8, 256, 192}, {8, 2, 128, 1000},
@@ -99,8 +99,8 @@ TEST_CASE("generator: every activation and router variant compiles (caller routi
 
 TEST_CASE("generator: the silu-family epilogues compute the sigmoid without an IEEE division") {
   // up_proj and down_dgrad apply the activation unrolled over a whole tile; an IEEE divide is
-  // ~10 instructions and a slow-path call per element, and that code outgrew the instruction
-  // cache (bench/NOTES.md v0.9): the sigmoid is rcp.approx(1 + exp(-a)).
+  // ~10 instructions and a slow-path call per element, each a long dependent chain (down_dgrad
+  // 19% slower with them, docs/performance.md): the sigmoid is rcp.approx(1 + exp(-a)).
   for (const Preset& p : presets()) {
     if (!p.in_suite) continue;
     SUBCASE(p.name.c_str()) {

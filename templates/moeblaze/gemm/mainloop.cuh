@@ -93,7 +93,7 @@ struct TileLoader {
       // MN-major stage whose k rows all exist and are evenly spaced (weights, h, dH): one
       // pointer and a stride instead of a row lookup per chunk. The per-chunk lookups made a
       // warp-specialised producer issue ~750 instructions per k step and starve its consumers
-      // (ncu on mixtral's up_dgrad, bench/NOTES.md v0.4).
+      // (ncu on mixtral's up_dgrad; docs/performance.md "Decisions").
       if (src.contiguous(k0, ROWS)) {
         const bool ok = col < src.limit;
         const bf16_t* p = ok ? src.row(k0 + row0) + col : src.fallback();

@@ -1,7 +1,7 @@
 // Hopper (sm_90a) mainloop: the same cp.async multi-stage pipeline as mainloop.cuh into
 // 128-byte-swizzled tiles, with the tensor-core work issued by warpgroups through wgmma on
-// shared-memory descriptors. Verified on an H200 (2026-11-30) on every GEMM family; the
-// warp-specialised variant is ws_mainloop.cuh.
+// shared-memory descriptors. Checked against the CPU reference on an H200 on every GEMM
+// family; the warp-specialised variant is ws_mainloop.cuh.
 //
 // Operands, per stage, 128-byte swizzle (PTX ISA "shared memory matrix layout"):
 //   K-major ([rows][64 k]): a 64-element row with its 16-byte chunk XORed by (row & 7) is the
@@ -131,7 +131,7 @@ struct StageLoader<ROWS, COLS, THREADS, true, Src> {
 template <int ROWS, int COLS, int THREADS, class Src>
 struct StageLoader<ROWS, COLS, THREADS, false, Src> {
   // Sources that never gather (TwoPartRows) keep the plain per-stage path: the key split
-  // measured 20-25% slower on up_dgrad (bench/NOTES.md).
+  // measured 20-25% slower on up_dgrad (docs/performance.md "Decisions").
   static constexpr bool PREFETCH = Src::kMayGather;
   using Loader = typename PickType<PREFETCH, MnMajorLoader<ROWS, COLS, THREADS, Src>,
                                     TileLoader<ROWS, COLS, THREADS, false, Src, true>>::type;
@@ -164,7 +164,7 @@ MB_DEV void zero_accumulators(float (&acc)[NB][MT][NT][4]) {
 // m64n(NB*BN)k16: acc[NB][1][NT][4] is, flattened, exactly that instruction's accumulator
 // order, and wgmma reads A from shared memory once per instruction, so fusing the two
 // m64n128 into one m64n256 cuts the shared-memory reads of a k16 step from 12 to 10 KiB
-// (shared-memory bandwidth bounds these tiles; bench/NOTES.md v0.4).
+// (shared-memory bandwidth bounds these tiles; measured -10% on up_proj, docs/performance.md).
 template <class Cfg, bool A_KMAJOR, bool B_KMAJOR>
 MB_DEV void issue_stage(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const bf16_t* stage, int warpgroup) {
   using OpA = Operand<A_KMAJOR, Cfg::BK>;
