@@ -1,4 +1,4 @@
-"""The moeblaze suite benchmark (shared/BENCHMARKS.md), on a GPU, in one invocation:
+"""The moeblaze suite benchmark (docs/performance.md "Method"), on a GPU, in one invocation:
 moeblaze (through the Python binding) against the PyTorch baselines of baselines.py, same
 inputs, same GPU. Forward and step (forward+backward) median ms over CUDA events,
 TFLOP/s = 18TKdn/step, activation memory held between forward and backward beyond the
@@ -193,7 +193,7 @@ def main():
     for shape, routing, T in cases:
         for impl in a.impls.split(","):
             if impl == "torch-loop" and shape["E"] >= 256:
-                continue  # minutes per step; BENCHMARKS.md leaves it out too
+                continue  # minutes per step at E >= 256: left out
             try:
                 r = run_case(shape, impl, routing, T, a.steps)
             except torch.cuda.OutOfMemoryError as e:
