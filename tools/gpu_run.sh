@@ -17,7 +17,7 @@ Exit status: 0 when every command ended as expected, 1 otherwise.
 Steps (default: gpu kinds defaults py):
   gpu       the C++ GPU tests (BUILD/bin/moeblaze_gpu_tests)
   kinds     grad-check every tile kind (_wg, _ws, _wsp, TMA loads, _tstore, 192-wide tiles,
-            the persistent down_dgrad) on small shapes chosen for partial tiles, skewed
+            _swap, the persistent down_dgrad) on small shapes chosen for partial tiles, skewed
             routing, gated and plain activations, recompute, the wide-h chunks and fp32
             accumulation; a kind whose first check fails gets no more; also each kind on the
             presets of MOEBLAZE_DEV_KIND_PRESETS
