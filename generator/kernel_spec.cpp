@@ -204,7 +204,7 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
     if (t.bn == 192 && (spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::down_wgrad))
       return "192-wide tiles are not for down_dgrad / down_wgrad (their column chunks are multiples of 256)";
     // The cp.async tile loader gives each of 128 producer threads one 16-byte column of the
-    // tile (gemm/mainloop.cuh TileLoader): 24 chunks per 192-wide row do not divide 128.
+    // tile (gemm/loaders.cuh TileLoader): 24 chunks per 192-wide row do not divide 128.
     if (t.bn == 192 && spec.family != KernelFamily::up_wgrad && !t.tma)
       return "192-wide tiles need TMA loads (the cp.async loader cannot split a 192-wide row among 128 threads)";
     if (t.warp_specialized() && t.bm > 128) return "warp-specialised tiles have one or two consumer warpgroups";

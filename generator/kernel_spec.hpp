@@ -54,12 +54,12 @@ struct TileConfig {
   // tma.cuh) instead of the producer's cp.async copies ("_tma"), on warp-specialised tiles of
   // the expert GEMMs: the weights, h (down_proj), dH (up_dgrad, up_wgrad), hg (down_wgrad).
   bool tma = false;
-  // The other tile order of the expert GEMMs ("_swap", gemm/tile_schedule.cuh): slot-tiled
+  // The other tile order of the expert GEMMs ("_swap", gemm/scheduler/tile_schedule.cuh): slot-tiled
   // GEMMs walk N tiles fastest inside an expert (reusing a block of gathered rows), weight
   // gradients run their larger side fastest. The tuner's schedule-order parameter.
   bool swap = false;
   // The output tile leaves through shared memory by TMA stores ("_tstore",
-  // templates/moeblaze/gemm/tma_store.cuh): the consumers go on to the next tile while it
+  // templates/moeblaze/gemm/epilogue/tma_store.cuh): the consumers go on to the next tile while it
   // drains. Weight gradients (bf16 outputs; fp32 accumulation keeps the direct stores), on
   // warp-specialised tiles; costs a [bm][bn] bf16 staging buffer of shared memory.
   bool tma_store = false;

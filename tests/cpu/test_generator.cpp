@@ -52,7 +52,7 @@ TEST_CASE("generator: the default expert GEMM tiles compile for the small shapes
   // cp.async default for d = 192, n = 520 once failed its static_assert on the GPU machine).
   const int shapes[][4] = {{8, 2, 256, 128},  {60, 4, 200, 200}, {64, 8, 256, 192}, {8, 2, 128, 1000},
                            {6, 2, 192, 520},  {60, 4, 136, 200}, {60, 4, 448, 320}, {64, 8, 576, 192},
-                           {8, 2, 384, 192},  {60, 4, 200, 256}};
+                           {8, 2, 384, 192},  {60, 4, 200, 256}, {60, 4, 192, 256}, {60, 4, 192, 200}};
   for (const auto& sh : shapes) {
     LayerConfig l;
     l.shape = {sh[0], sh[1], sh[2], sh[3]};
@@ -268,7 +268,7 @@ void check_wgmma_tiles_compile(Pick pick, bool warp_specialized, bool persistent
       std::vector<BuiltKernel> exact;
       for (const auto& b : built) {
         // Known: the persistent 128x128 up_proj (W1 and W3 stacked: 128 accumulators and the
-        // gated epilogue under the consumers' 200 registers) spills a few bytes (ws_mainloop.cuh).
+        // gated epilogue under the consumers' 200 registers) spills a few bytes (gemm/mainloop/warp_specialized.cuh).
         if (persistent && b.generated.spec.family == KernelFamily::up_proj) {
           INFO(b.compiled.kernel_name);
           CHECK(b.compiled.resources.spill_store_bytes <= 64);

@@ -5,7 +5,7 @@
 // wait for every store of every tile; on short tiles (the weight gradients of many-expert
 // layers: 8 k-steps per 128x256 tile on deepseek-v3) that wait is a large part of the tile.
 //
-// Staging layout (gemm/out_stage.cuh): BN/64 blocks of [BM rows][64 columns] in the 128-byte
+// Staging layout (gemm/epilogue/out_stage.cuh): BN/64 blocks of [BM rows][64 columns] in the 128-byte
 // swizzle, which is what a [BM][64] box of a CU_TENSOR_MAP_SWIZZLE_128B map reads. A warp's
 // 4-byte writes (8 rows x 4 pairs of one chunk column) fall in 32 different banks.
 //
@@ -21,22 +21,11 @@
 // fences its writes into the async proxy and the consumers sync before the issue. A block
 // waits for its stores to complete before it exits (tma_store_drain).
 #pragma once
-#include "moeblaze/gemm/out_stage.cuh"
-#include "moeblaze/gemm/ws_mainloop.cuh"
+#include "moeblaze/gemm/epilogue/out_stage.cuh"
+#include "moeblaze/gemm/mainloop/warp_specialized.cuh"
+#include "moeblaze/ptx/tma.cuh"
 
 namespace moeblaze::gemm {
-
-MB_DEV void tma_store_3d(const TmaMap* map, const bf16_t* smem, int col, int row, int expert) {
-  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
-                   reinterpret_cast<unsigned long long>(map)),
-               "r"(col), "r"(row), "r"(expert), "r"(smem_addr(smem))
-               : "memory");
-}
-MB_DEV void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// The committed store groups have finished reading shared memory (the buffer may be rewritten).
-MB_DEV void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-// The committed store groups have completed (their writes are done).
-MB_DEV void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 template <class Cfg>
 MB_DEV bf16_t* staging_buffer() {

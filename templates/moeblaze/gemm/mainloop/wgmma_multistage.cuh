@@ -1,7 +1,7 @@
 // Hopper (sm_90a) mainloop: the same cp.async multi-stage pipeline as mainloop.cuh into
 // 128-byte-swizzled tiles, with the tensor-core work issued by warpgroups through wgmma on
 // shared-memory descriptors. Checked against the CPU reference on an H200 on every GEMM
-// family; the warp-specialised variant is ws_mainloop.cuh.
+// family; the warp-specialised variant is warp_specialized.cuh.
 //
 // Operands, per stage, 128-byte swizzle (PTX ISA "shared memory matrix layout"):
 //   K-major ([rows][64 k]): a 64-element row with its 16-byte chunk XORed by (row & 7) is the
@@ -19,20 +19,11 @@
 // n8 blocks 0..BN/8-1, i.e. the layout of gemm::Tile<BM, BN, 64, BM/16, 1>: the epilogues
 // written for mma.sync (for_each_pair) read them unchanged.
 #pragma once
-#include "moeblaze/gemm/mainloop.cuh"
-#include "moeblaze/gemm/mn_map.cuh"
-#include "moeblaze/gemm/wgmma_ops.cuh"
+#include "moeblaze/gemm/fragment.cuh"
+#include "moeblaze/gemm/loaders.cuh"
+#include "moeblaze/ptx/wgmma.cuh"
 
 namespace moeblaze::gemm {
-
-// Shared-memory matrix descriptor, 128-byte swizzle (PTX ISA "matrix descriptor"): bits 0-13
-// start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4 (1024: one
-// 8-row atom), 62-63 swizzle mode (1 = 128 B).
-MB_DEV unsigned long long sw128_desc(const void* smem, unsigned leading_bytes = 16) {
-  const unsigned long long addr = smem_addr(smem);
-  return ((addr & 0x3FFFF) >> 4) | (static_cast<unsigned long long>(leading_bytes >> 4) << 16) |
-         ((1024ull >> 4) << 32) | (1ull << 62);
-}
 
 // Descriptor of a warpgroup's operand inside a stage tile, and its advance per k16 step (in
 // 16-byte units of the start-address field).
@@ -46,117 +37,6 @@ struct Operand {
   }
   static constexpr unsigned long long k16_step = KMAJOR ? 32 / 16 : 16 * 128 / 16;
 };
-
-MB_DEV void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-MB_DEV void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-MB_DEV void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// cp.async writes shared memory through the generic proxy; wgmma reads it through the async
-// proxy.
-MB_DEV void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// Rounds the dynamic shared memory up to the 1024-byte alignment the swizzled atoms need
-// (the host reserves 1 KiB extra for wgmma tiles).
-MB_DEV bf16_t* align_1024(bf16_t* p) {
-  const unsigned long long a = reinterpret_cast<unsigned long long>(p);
-  return reinterpret_cast<bf16_t*>((a + 1023) & ~1023ull);
-}
-
-// A [BK][COLS] MN-major tile whose rows are k (and move with it), loaded 16 bytes per
-// cp.async into the blocked swizzled layout, MnRowMap's thread layout (whole lines per warp
-// copy, G chunks per row pointer). The row keys of the next stage are read one stage early
-// (fetch), so a gathered row's index load does not stall the copy issue.
-template <int ROWS, int COLS, int THREADS, class Src>
-struct MnMajorLoader {
-  using Map = MnRowMap<ROWS, COLS, THREADS>;
-  static constexpr int G = Map::G, R = Map::R, ROW_STEP = Map::ROW_STEP;
-  const Src& src;
-  int tid;
-  int keys[R];  // row keys of the stage to load next (src.key: -1 = no row)
-  int k_first;  // the k of the stage to load next (for sources whose rows are contiguous)
-
-  MB_DEV MnMajorLoader(const Src& s, int t) : src(s), tid(t) {}
-  MB_DEV void fetch(int k0) {
-    k_first = k0;
-    if (src.contiguous(k0, ROWS)) return;  // load() needs no keys (a pointer and a stride)
-#pragma unroll
-    for (int i = 0; i < R; ++i) keys[i] = src.key(k0 + Map::row(tid, i));
-  }
-  // The G chunks of tile row r from global row p (nullptr: zero-filled).
-  MB_DEV void copy_row(bf16_t* smem, int r, const bf16_t* p) const {
-#pragma unroll
-    for (int j = 0; j < G; ++j) {
-      const int c = Map::col(tid, j);
-      const bool ok = p != nullptr && c < src.limit;
-      cp_async16(smem + Map::offset(r, c), ok ? p + c : src.fallback(), ok);
-    }
-  }
-  MB_DEV void load(bf16_t* smem) const {
-    if (src.contiguous(k_first, ROWS)) {  // hg, dH: never gathered (see TileLoader::load)
-      const bf16_t* p = src.row(k_first + Map::row(tid, 0));
-      const i64 step = static_cast<i64>(ROW_STEP) * src.ld;
-#pragma unroll
-      for (int i = 0; i < R; ++i) copy_row(smem, Map::row(tid, i), p + i * step);
-      return;
-    }
-#pragma unroll
-    for (int i = 0; i < R; ++i) copy_row(smem, Map::row(tid, i), keys[i] >= 0 ? src.at(keys[i]) : nullptr);
-  }
-};
-
-// std::conditional without the standard library (NVRTC compiles these headers alone).
-template <bool B, class T, class F>
-struct PickType {
-  using type = T;
-};
-template <class T, class F>
-struct PickType<false, T, F> {
-  using type = F;
-};
-
-// The loader of one wgmma operand, stages issued in order: K-major operands keep their rows
-// (TileLoader caches the row pointers once); MN-major ones read the row keys of the next stage
-// (fetch) right after issuing a stage.
-template <int ROWS, int COLS, int THREADS, bool KMAJOR, class Src>
-struct StageLoader;
-template <int ROWS, int COLS, int THREADS, class Src>
-struct StageLoader<ROWS, COLS, THREADS, true, Src> {
-  TileLoader<ROWS, COLS, THREADS, true, Src, true> loader;
-  MB_DEV StageLoader(const Src& s, int tid) : loader(s, tid) {}
-  MB_DEV void fetch(int) {}
-  MB_DEV void load(bf16_t* smem, int k0) const { loader.load(smem, k0); }
-};
-template <int ROWS, int COLS, int THREADS, class Src>
-struct StageLoader<ROWS, COLS, THREADS, false, Src> {
-  // Sources that never gather (TwoPartRows) keep the plain per-stage path: the key split
-  // measured 20-25% slower on up_dgrad (docs/performance.md "Decisions").
-  static constexpr bool PREFETCH = Src::kMayGather;
-  using Loader = typename PickType<PREFETCH, MnMajorLoader<ROWS, COLS, THREADS, Src>,
-                                    TileLoader<ROWS, COLS, THREADS, false, Src, true>>::type;
-  Loader loader;
-  MB_DEV StageLoader(const Src& s, int tid) : loader(s, tid) {}
-  MB_DEV void fetch(int k0) {
-    if constexpr (PREFETCH) loader.fetch(k0);
-  }
-  MB_DEV void load(bf16_t* smem, int k0) const {
-    if constexpr (PREFETCH) loader.load(smem);
-    else loader.load(smem, k0);
-  }
-};
-
-template <int NB, int MT, int NT>
-MB_DEV void zero_accumulators(float (&acc)[NB][MT][NT][4]) {
-#pragma unroll
-  for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[nb][mt][nt][i] = 0.f;
-}
 
 // One stage of a warpgroup's tile: BK/16 k16 steps on the stage's shared-memory tiles,
 // committed as one wgmma group (the caller waits on it). Stacked K-major B tiles (W1 and W3,
