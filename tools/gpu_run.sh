@@ -16,8 +16,8 @@ Exit status: 0 when every command ended as expected, 1 otherwise.
 
 Steps (default: gpu kinds defaults py):
   gpu       the C++ GPU tests (BUILD/bin/moeblaze_gpu_tests)
-  kinds     grad-check every tile kind (_wg, _ws, _wsp, TMA loads, _tstore, 192-wide tiles,
-            _swap, the persistent down_dgrad) on small shapes chosen for partial tiles, skewed
+  kinds     grad-check every tile kind (_wg, _ws, _wsp, _pp, TMA loads, _tstore, 192-wide
+            tiles, _swap, the persistent down_dgrad) on small shapes chosen for partial tiles, skewed
             routing, gated and plain activations, recompute, the wide-h chunks and fp32
             accumulation; a kind whose first check fails gets no more; also each kind on the
             presets of MOEBLAZE_DEV_KIND_PRESETS
@@ -196,9 +196,14 @@ kind_tiles() {
     dgrad_wide) echo "--tile down_dgrad=128x256x64_w8x1_s4_wsp_tma" ;;
     dgrad_narrow) echo "--tile down_dgrad=128x128x64_w8x1_s4_wsp_tma" ;;
     swap) echo "--tile up_proj=128x128x64_w8x1_s4_wsp_tma_swap --tile down_proj=128x256x64_w8x1_s4_wsp_tma_swap --tile down_wgrad=128x256x64_w8x1_s4_wsp_tma_swap" ;;
+    pp)  # ping-pong: 128 rows a warpgroup (the gated up_proj's W1 and W3 tiles 64 wide each)
+      local t="--tile up_proj=128x64x64_w4x1_s6_pp_tma --tile down_proj=128x128x64_w4x1_s6_pp_tma"
+      t="$t --tile down_dgrad=128x128x64_w4x1_s6_pp_tma --tile up_dgrad=128x128x64_w4x1_s6_pp_tma"
+      echo "$t --tile up_wgrad=128x128x64_w4x1_s4_pp_tma_tstore --tile down_wgrad=128x128x64_w4x1_s4_pp_tma_tstore" ;;
+    pp64) echo "--tile up_proj=64x128x64_w4x1_s5_pp_tma --tile down_proj=64x256x64_w4x1_s5_pp_tma --tile up_wgrad=128x128x64_w4x1_s4_pp_tma" ;;
   esac
 }
-KINDS="wg ws wsp tma_fwd tma_wgrad tma_dgrad bn192 tstore tstore_small dgrad_wide dgrad_narrow swap"
+KINDS="wg ws wsp tma_fwd tma_wgrad tma_dgrad bn192 tstore tstore_small dgrad_wide dgrad_narrow swap pp pp64"
 
 # Small shapes, each for a reason: (E K d n T, then routing, mode, activation or precision).
 case_args() {
@@ -209,6 +214,8 @@ case_args() {
     ragged) echo "grad-check -E 60 -K 4 -d 200 -n 200 -T 777 --activation geglu" ;;  # partial tiles both ways; up_wgrad tiles straddle dW1 | dW3
     ragged_cols) echo "grad-check -E 60 -K 4 -d 200 -n 256 -T 777" ;;  # partial column tiles only
     aligned) echo "grad-check -E 60 -K 4 -d 192 -n 256 -T 777 --activation geglu" ;;  # d, n multiples of 64 (TMA dgrad weight stages)
+    aligned_recompute) echo "grad-check -E 60 -K 4 -d 192 -n 256 -T 777 --mode recompute --activation gelu" ;;
+    aligned_chunked) echo "grad-check -E 8 -K 2 -d 128 -n 1024 -T 1000 --router none --routing skewed" ;;
     dgrad_ragged) echo "grad-check -E 60 -K 4 -d 192 -n 200 -T 777 --activation geglu" ;;  # d % 64 = 0, a partial last N tile
     recompute) echo "grad-check -E 60 -K 4 -d 136 -n 200 -T 777 --mode recompute --activation geglu" ;;
     straddle_recompute) echo "grad-check -E 60 -K 4 -d 200 -n 200 -T 777 --mode recompute" ;;
@@ -232,6 +239,8 @@ kind_cases() {
     dgrad_wide) echo "grad dgrad_ragged skew chunked chunked_recompute" ;;
     dgrad_narrow) echo "dgrad_ragged" ;;
     swap) echo "grad skew chunked" ;;
+    pp) echo "grad aligned skew aligned_recompute aligned_chunked fp32" ;;
+    pp64) echo "grad skew fp32" ;;
   esac
 }
 

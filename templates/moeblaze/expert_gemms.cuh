@@ -96,8 +96,9 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
   // buffers the mainloop is done with ((G+1) BM x BN tiles: 96 KiB at 128x128 s3, 192 KiB at
   // 128x256 s4); persistent blocks' producers are filling them with the next tile already.
   constexpr bool STAGED = Cfg::WGMMA && !Cfg::PERSISTENT && (G + 1) * Cfg::BM * Cfg::BN <= Cfg::STAGES * Cfg::STAGE_ELEMS;
-  __shared__ float gate_s[Cfg::BM];
-  __shared__ float red_s[Cfg::BM][Cfg::WARPS_N];
+  // One copy per consumer group: ping-pong groups run the epilogues of different tiles.
+  __shared__ float gate_s[Cfg::CONSUMER_GROUPS][Cfg::BM];
+  __shared__ float red_s[Cfg::CONSUMER_GROUPS][Cfg::BM][Cfg::WARPS_N];
   const int hg_ld = p.n_tiles > 0 ? p.hg_ld : N, hg_col0 = p.n_tiles > 0 ? p.n_tile_lo * Cfg::BN : 0;
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
     const gemm::SlotTile t =
@@ -112,7 +113,7 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
     float acc[1][Cfg::MT][Cfg::NT][4];
     // Computing threads only (THREADS >= BM): the gates are visible to every consumer after
     // the mainloop's barrier (__syncthreads, or the consumer barrier ws_consume starts with).
-    if constexpr (decltype(role)::kComputes) gemm::load_tile_gates<Cfg, K>(p.rv, t, gate_s);
+    if constexpr (decltype(role)::kComputes) gemm::load_tile_gates<Cfg, K>(p.rv, t, gate_s[gemm::consumer_group<Cfg>()]);
     if constexpr (Cfg::TMA) {  // W2_e's k rows [k0, +64) of the [E*D, N] map (D % 64 == 0)
       const gemm::TmaMnWeights<1> bt{{&p.tma_w2}, t.expert * D, D, t.n0};
       gemm::run_mainloop<Cfg, true, false>(acc, a, bt, D, gemm::dynamic_smem(), pipe, role);
@@ -120,7 +121,8 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
       gemm::run_mainloop<Cfg, true, false>(acc, a, b, D, gemm::dynamic_smem(), pipe, role);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
-    gemm::dact_gate_epilogue<Cfg, N, ACT, STAGED>(acc, p, t, gate_s, red_s, hg_ld, hg_col0);
+    const int group = gemm::consumer_group<Cfg>();
+    gemm::dact_gate_epilogue<Cfg, N, ACT, STAGED>(acc, p, t, gate_s[group], red_s[group], hg_ld, hg_col0);
     return true;
   });
 }
@@ -135,7 +137,7 @@ MB_DEV void down_wgrad(const WgradArgs& p) {
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
     const gemm::WgradTile w = gemm::wgrad_tile<Cfg::BM, Cfg::BN, E, D, N, Cfg::SWAP>(tile, p.rv, n_cols);
     if (!w.valid) {
-      if constexpr (decltype(role)::kComputes) gemm::tma_store_drain<Cfg>();
+      if constexpr (decltype(role)::kConsumer) gemm::tma_store_drain<Cfg>();  // both ping-pong groups
       return false;
     }
     const bf16_t* dy = static_cast<const bf16_t*>(p.a);
@@ -172,7 +174,7 @@ MB_DEV void up_wgrad(const WgradArgs& p) {
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
     const gemm::WgradTile w = gemm::wgrad_tile<Cfg::BM, Cfg::BN, E, G * N, D, Cfg::SWAP>(tile, p.rv);
     if (!w.valid) {
-      if constexpr (decltype(role)::kComputes) gemm::tma_store_drain<Cfg>();
+      if constexpr (decltype(role)::kConsumer) gemm::tma_store_drain<Cfg>();  // both ping-pong groups
       return false;
     }
     const bf16_t* dH = static_cast<const bf16_t*>(p.a);

@@ -24,6 +24,7 @@ for n in SHAPES:
     regs = n // 2
     d = ", ".join(f"%{i}" for i in range(regs))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    outs2 = ", ".join(f'"+f"(d{i // (regs // 2)}[{i % (regs // 2)}])' for i in range(regs))
     parts.append(f"""
 template <int TRANS_A, int TRANS_B>
 struct Wgmma<{n}, TRANS_A, TRANS_B> {{
@@ -33,6 +34,16 @@ struct Wgmma<{n}, TRANS_A, TRANS_B> {{
         "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"
         "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{d}}}, %{regs}, %{regs + 1}, p, 1, 1, %{regs + 3}, %{regs + 4};\\n}}\\n"
         : {outs}
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
+  }}
+  // The same instruction with its accumulators in two arrays: columns [0, N/2) in d0 and
+  // [N/2, N) in d1 (two stacked B tiles whose accumulators are not adjacent in the caller's array).
+  static __device__ __forceinline__ void mma2(float (&d0)[{regs // 2}], float (&d1)[{regs // 2}],
+                                              unsigned long long desc_a, unsigned long long desc_b, int scale_d) {{
+    asm volatile(
+        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{d}}}, %{regs}, %{regs + 1}, p, 1, 1, %{regs + 3}, %{regs + 4};\\n}}\\n"
+        : {outs2}
         : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
   }}
 }};

@@ -39,14 +39,15 @@ MB_DEV void fence_accumulators(float (&acc)[NB][MT][NT][4]) {
 // same of B tile 1 when NB == 2.
 template <class Cfg, class F>
 MB_DEV void for_each_pair(const float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], F&& f) {
-  if (threadIdx.x >= Cfg::THREADS) return;  // the producer warpgroup holds no accumulators
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (!is_consumer<Cfg>()) return;  // the producer warpgroup holds no accumulators
+  const int ctid = consumer_tid<Cfg>();
+  const int lane = ctid & 31, warp = ctid >> 5;
   const int warp_m = warp / Cfg::WARPS_N, warp_n = warp % Cfg::WARPS_N;
 #pragma unroll
   for (int mt = 0; mt < Cfg::MT; ++mt)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int row = warp_m * Cfg::WTM + mt * 16 + (lane >> 2) + half * 8;
+      const int row = Cfg::acc_row(warp_m, mt) + (lane >> 2) + half * 8;
 #pragma unroll
       for (int nt = 0; nt < Cfg::NT; ++nt) {
         const int col = warp_n * Cfg::WTN + nt * 8 + (lane & 3) * 2;

@@ -45,12 +45,12 @@ MB_DEV void act_bwd_element(float a, float b, float d, float g, float& da, float
 }
 
 
-// Gates of a slot tile's rows into shared memory (computing threads only, THREADS >= BM): the
+// Gates of a slot tile's rows into shared memory (one tile's consumers, THREADS >= BM): the
 // epilogue reads them after the mainloop's barrier (__syncthreads, or the consumer barrier
 // ws_consume starts with).
 template <class Cfg, int K>
 MB_DEV void load_tile_gates(const RoutingView& rv, const SlotTile& t, float (&gate_s)[Cfg::BM]) {
-  for (int r = threadIdx.x; r < Cfg::BM; r += Cfg::THREADS)
+  for (int r = consumer_tid<Cfg>(); r < Cfg::BM; r += Cfg::THREADS)
     gate_s[r] = r < t.rows ? slot_gate<K>(rv, t.slot0 + r, t.expert) : 0.f;
 }
 
@@ -66,7 +66,8 @@ MB_DEV void dact_gate_epilogue(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const
   const bf16_t* H = static_cast<const bf16_t*>(p.H);
   bf16_t* dH = static_cast<bf16_t*>(p.dH);
   bf16_t* hg = static_cast<bf16_t*>(p.hg);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int ctid = consumer_tid<Cfg>();
+  const int lane = ctid & 31, warp = ctid >> 5;
   const int warp_m = warp / Cfg::WARPS_N, warp_n = warp % Cfg::WARPS_N;
   const int cols = N - t.n0 < Cfg::BN ? N - t.n0 : Cfg::BN;  // valid columns of the tile
   const i64 row0 = static_cast<i64>(t.slot0) * (G * N) + t.n0;
@@ -80,8 +81,8 @@ MB_DEV void dact_gate_epilogue(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const
     sa.base = sm;
     sb.base = sm + Cfg::BM * Cfg::BN;
     sh.base = sm + G * Cfg::BM * Cfg::BN;
-    sa.load(H + row0, G * N, t.rows, cols, threadIdx.x, Cfg::THREADS);
-    if constexpr (G == 2) sb.load(H + row0 + N, G * N, t.rows, cols, threadIdx.x, Cfg::THREADS);
+    sa.load(H + row0, G * N, t.rows, cols, ctid, Cfg::THREADS);
+    if constexpr (G == 2) sb.load(H + row0 + N, G * N, t.rows, cols, ctid, Cfg::THREADS);
     cp_async_commit();
     cp_async_wait<0>();
     gemm::consumer_sync<Cfg>();
@@ -119,7 +120,7 @@ MB_DEV void dact_gate_epilogue(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const
     constexpr int BLOCKS = Cfg::NT / 4;  // chunks of 4 n8 blocks: one 8-column chunk per lane
     constexpr int BATCH = BLOCKS % 2 == 0 ? 2 : 1;
     const int q = lane & 3;
-    if (threadIdx.x < Cfg::THREADS)
+    if (is_consumer<Cfg>())
 #pragma unroll
     for (int mt = 0; mt < Cfg::MT; ++mt)
       // The row loop stays rolled: one copy of the chunk loop's code instead of two, the
@@ -128,7 +129,7 @@ MB_DEV void dact_gate_epilogue(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const
       // stalls (ncu), not the instruction cache (no-instruction stalls ~1% either way).
 #pragma unroll 1
       for (int half = 0; half < 2; ++half) {
-        const int r = warp_m * Cfg::WTM + mt * 16 + (lane >> 2) + half * 8;
+        const int r = Cfg::acc_row(warp_m, mt) + (lane >> 2) + half * 8;
         const bool row_ok = r < t.rows;
         const float g = gate_s[r];
         const bf16_t* a_row = H + row0 + static_cast<i64>(r) * (G * N);
@@ -186,12 +187,12 @@ MB_DEV void dact_gate_epilogue(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const
   // Batching is safe for the same reason the in-place write is: each thread reads and writes
   // only its own elements. Staged tiles read shared memory: one at a time.
   constexpr int CH = STAGED || !Cfg::WGMMA ? 1 : Cfg::NT % 16 == 0 ? 16 : Cfg::NT % 8 == 0 ? 8 : 1;
-  if (!VEC && threadIdx.x < Cfg::THREADS)  // a warp-specialised tile's producer holds no accumulators
+  if (!VEC && is_consumer<Cfg>())  // a warp-specialised tile's producer holds no accumulators
 #pragma unroll
   for (int mt = 0; mt < Cfg::MT; ++mt)
 #pragma unroll 1  // rolled, as the 16-byte path's (the pair picked by selects)
     for (int half = 0; half < 2; ++half) {
-      const int r = warp_m * Cfg::WTM + mt * 16 + (lane >> 2) + half * 8;
+      const int r = Cfg::acc_row(warp_m, mt) + (lane >> 2) + half * 8;
       const bool row_ok = r < t.rows;
       const float g = gate_s[r];
       float dot = 0.f;
@@ -231,14 +232,14 @@ MB_DEV void dact_gate_epilogue(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const
   // Consumers only: a warp-specialised block's producer is elsewhere (on the next tile when
   // persistent). Every consumer is past its gate_s reads here, so the next tile may rewrite
   // gate_s.
-  if (threadIdx.x < Cfg::THREADS) gemm::consumer_sync<Cfg>();
+  if (is_consumer<Cfg>()) gemm::consumer_sync<Cfg>();
   if constexpr (STAGED) {  // dA, dB over the tile's H rows, hg: whole 16-byte chunks
-    sa.store(dH + row0, G * N, t.rows, cols, threadIdx.x, Cfg::THREADS);
-    if constexpr (G == 2) sb.store(dH + row0 + N, G * N, t.rows, cols, threadIdx.x, Cfg::THREADS);
-    sh.store(hg + static_cast<i64>(t.slot0) * hg_ld + (t.n0 - hg_col0), hg_ld, t.rows, cols, threadIdx.x,
+    sa.store(dH + row0, G * N, t.rows, cols, ctid, Cfg::THREADS);
+    if constexpr (G == 2) sb.store(dH + row0 + N, G * N, t.rows, cols, ctid, Cfg::THREADS);
+    sh.store(hg + static_cast<i64>(t.slot0) * hg_ld + (t.n0 - hg_col0), hg_ld, t.rows, cols, ctid,
              Cfg::THREADS);
   }
-  for (int r = threadIdx.x; r < t.rows; r += Cfg::THREADS) {
+  for (int r = ctid; r < t.rows; r += Cfg::THREADS) {
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < Cfg::WARPS_N; ++w) s += red_s[r][w];

@@ -27,9 +27,10 @@
 
 namespace moeblaze::gemm {
 
+// The staging buffer of this thread's consumer group (ping-pong groups each have one).
 template <class Cfg>
 MB_DEV bf16_t* staging_buffer() {
-  return align_1024(dynamic_smem()) + Cfg::STAGES * Cfg::STAGE_ELEMS;
+  return align_1024(dynamic_smem()) + Cfg::STAGES * Cfg::STAGE_ELEMS + consumer_group<Cfg>() * Cfg::BM * Cfg::BN;
 }
 
 // Where a staged tile goes: its first row and column in one expert's matrix of the map.
@@ -38,14 +39,14 @@ struct StoreTarget {
   int row, col, expert;
 };
 
-// Consumers only (threads [0, Cfg::THREADS)): stage the accumulator tile as bf16 and issue its
+// Consumers only (one tile's consumer group): stage the accumulator tile as bf16 and issue its
 // stores (thread 0). Returns with the stores in flight on persistent tiles; one-tile blocks
 // wait for them here.
 template <class Cfg>
 MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const StoreTarget& to) {
   static_assert(Cfg::TSTORE && Cfg::NB == 1, "TMA-store tiles have one B tile");
   bf16_t* out = staging_buffer<Cfg>();
-  const bool issuer = threadIdx.x == 0;
+  const bool issuer = consumer_tid<Cfg>() == 0;
   if (issuer) bulk_wait_read_all();  // the previous tile's stores have read the buffer
   consumer_sync<Cfg>();
   for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
@@ -66,7 +67,7 @@ MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const Sto
 template <class Cfg>
 MB_DEV void tma_store_drain() {
   if constexpr (Cfg::TSTORE && Cfg::PERSISTENT)
-    if (threadIdx.x == 0) bulk_wait_all();
+    if (is_consumer<Cfg>() && consumer_tid<Cfg>() == 0) bulk_wait_all();
 }
 
 }  // namespace moeblaze::gemm

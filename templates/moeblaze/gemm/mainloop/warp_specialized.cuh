@@ -33,15 +33,22 @@
 #include "moeblaze/gemm/mainloop/wgmma_multistage.cuh"
 #include "moeblaze/gemm/tma_loaders.cuh"
 #include "moeblaze/ptx/mbarrier.cuh"
+#include "moeblaze/ptx/warpgroup.cuh"
 
 namespace moeblaze::gemm {
 
-// Barrier among the consumer warpgroups only (named barrier 1): epilogues that share data
-// through shared memory sync with this, since a persistent block's producer is already on
-// the next tile. Blocks without a producer use __syncthreads.
+// Named barriers of warp-specialised blocks: 1 the cooperative consumers; ping-pong: 2 + g the
+// consumers of group g, 4 + g "group g may run its mainloop".
+constexpr int kConsumerBarrier = 1, kGroupBarrier = 2, kOrderBarrier = 4;
+
+// Barrier among the consumers of one tile only: epilogues that share data through shared memory
+// sync with this, since a persistent block's producer is already on the next tile (and, in
+// ping-pong, the other consumer group on another tile). Blocks without a producer use
+// __syncthreads.
 template <class Cfg>
 MB_DEV void consumer_sync() {
-  if constexpr (Cfg::WARP_SPECIALIZED) asm volatile("bar.sync 1, %0;\n" ::"n"(Cfg::THREADS) : "memory");
+  if constexpr (Cfg::PINGPONG) bar_sync(kGroupBarrier + consumer_group<Cfg>(), Cfg::THREADS);
+  else if constexpr (Cfg::WARP_SPECIALIZED) asm volatile("bar.sync 1, %0;\n" ::"n"(Cfg::THREADS) : "memory");
   else __syncthreads();
 }
 
@@ -83,7 +90,7 @@ template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, class ASrc, class BSrc>
 MB_DEV void ws_produce(const ASrc& a_src, const BSrc& b_src, int k_size, bf16_t* smem_raw, WsPipe<Cfg>& pipe) {
   constexpr int S = Cfg::STAGES;
   bf16_t* smem = align_1024(smem_raw);
-  const int ptid = threadIdx.x - Cfg::THREADS;
+  const int ptid = producer_tid<Cfg>();
   const int k_tiles = (k_size + Cfg::BK - 1) / Cfg::BK;
   const int base = pipe.it, end = base + k_tiles;  // the block's k steps of this tile: [base, end)
   constexpr int A_ROWS = A_KMAJOR ? Cfg::BM : Cfg::BK, A_COLS = A_KMAJOR ? Cfg::BK : Cfg::BM;
@@ -137,7 +144,10 @@ MB_DEV void ws_consume(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], int k_size, b
   const int base = pipe.it, end = base + k_tiles;
   consumer_sync<Cfg>();
   zero_accumulators(acc);
-  const int warpgroup = threadIdx.x / 128, lane = threadIdx.x & 31;
+  const int warpgroup = consumer_tid<Cfg>() / 128, lane = threadIdx.x & 31;
+  // Ping-pong: the groups' mainloops take turns (the other group is in its epilogue meanwhile);
+  // a group hands the turn over once it has issued its tile's last k step.
+  if constexpr (Cfg::PINGPONG) bar_sync(kOrderBarrier + consumer_group<Cfg>(), 2 * Cfg::THREADS);
   for (int it = base; it < end; ++it) {
     const int s = it % S;
     mbar_wait(pipe.full(s), (it / S) & 1);
@@ -145,6 +155,7 @@ MB_DEV void ws_consume(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], int k_size, b
     wgmma_wait<1>();  // the group of step it-1 has completed: hand its buffer back
     if (it > base && lane == 0) mbar_arrive(pipe.empty((it - 1) % S));
   }
+  if constexpr (Cfg::PINGPONG) bar_arrive(kOrderBarrier + (consumer_group<Cfg>() ^ 1), 2 * Cfg::THREADS);
   wgmma_wait<0>();
   fence_accumulators(acc);
   if (end > base && lane == 0) mbar_arrive(pipe.empty((end - 1) % S));
@@ -154,17 +165,20 @@ MB_DEV void ws_consume(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], int k_size, b
 template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, class ASrc, class BSrc, class Role>
 MB_DEV void ws_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASrc& a_src, const BSrc& b_src,
                         int k_size, bf16_t* smem, WsPipe<Cfg>& pipe, Role) {
-  static_assert(Cfg::WARPS_N == 1 && Cfg::WTM == 16 && Cfg::MT == 1, "wgmma tiles: one 16-row slab per warp");
+  static_assert(Cfg::WARPS_N == 1 && Cfg::WTM == 16 * Cfg::MT && (Cfg::MT == 1 || Cfg::PINGPONG),
+                "wgmma tiles: one 16-row slab per warp and m64 slab (several slabs: ping-pong groups)");
   static_assert(Cfg::BM % 64 == 0 && Cfg::BK == 64, "wgmma tiles: whole warpgroups, 64-wide k");
   static_assert(B_KMAJOR || Cfg::NB == 1, "stacked B tiles are K-major");
   if constexpr (Role::kLoads && Role::kComputes) {  // a one-tile block split here (router GEMMs)
-    if (threadIdx.x >= Cfg::THREADS) ws_produce<Cfg, A_KMAJOR, B_KMAJOR>(a_src, b_src, k_size, smem, pipe);
+    if (!is_consumer<Cfg>()) ws_produce<Cfg, A_KMAJOR, B_KMAJOR>(a_src, b_src, k_size, smem, pipe);
     else ws_consume<Cfg, A_KMAJOR, B_KMAJOR>(acc, k_size, smem, pipe);
     __syncthreads();
   } else if constexpr (Role::kLoads) {
     ws_produce<Cfg, A_KMAJOR, B_KMAJOR>(a_src, b_src, k_size, smem, pipe);
-  } else {
+  } else if constexpr (Role::kComputes) {
     ws_consume<Cfg, A_KMAJOR, B_KMAJOR>(acc, k_size, smem, pipe);
+  } else {  // a ping-pong group passing over the other group's tile: its k steps, uncounted here
+    pipe.it += (k_size + Cfg::BK - 1) / Cfg::BK;
   }
 }
 

@@ -45,25 +45,39 @@ struct Operand {
 // order, and wgmma reads A from shared memory once per instruction, so fusing the two
 // m64n128 into one m64n256 cuts the shared-memory reads of a k16 step from 12 to 10 KiB
 // (shared-memory bandwidth bounds these tiles; measured -10% on up_proj, docs/performance.md).
+// A warpgroup that owns MT > 1 m64 slabs (ping-pong tiles) issues one instruction per slab; the
+// fused stacked-B instruction then takes its two halves from acc[0][mt] and acc[1][mt] (mma2).
 template <class Cfg, bool A_KMAJOR, bool B_KMAJOR>
 MB_DEV void issue_stage(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const bf16_t* stage, int warpgroup) {
   using OpA = Operand<A_KMAJOR, Cfg::BK>;
   using OpB = Operand<B_KMAJOR, Cfg::BK>;
+  using Instr = Wgmma<(B_KMAJOR && Cfg::NB > 1 && Cfg::NB * Cfg::BN <= 256 ? Cfg::NB * Cfg::BN : Cfg::BN),
+                      A_KMAJOR ? 0 : 1, B_KMAJOR ? 0 : 1>;
   constexpr bool FUSE_NB = B_KMAJOR && Cfg::NB > 1 && Cfg::NB * Cfg::BN <= 256;
   constexpr int INSTR_N = FUSE_NB ? Cfg::NB * Cfg::BN : Cfg::BN;  // columns per instruction
   constexpr int INSTRS = FUSE_NB ? 1 : Cfg::NB;                   // instructions per k16 step
   constexpr int ACC = INSTR_N / 2;
-  const unsigned long long a_desc = OpA::desc(stage, warpgroup * 64);
+  unsigned long long a_desc[Cfg::MT];
+#pragma unroll
+  for (int mt = 0; mt < Cfg::MT; ++mt) a_desc[mt] = OpA::desc(stage, (warpgroup * Cfg::MT + mt) * 64);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::BK / 16; ++kk)
 #pragma unroll
-    for (int nb = 0; nb < INSTRS; ++nb) {
-      const unsigned long long b_desc = OpB::desc(stage + Cfg::A_ELEMS, nb * Cfg::BN);
-      Wgmma<INSTR_N, A_KMAJOR ? 0 : 1, B_KMAJOR ? 0 : 1>::mma(*reinterpret_cast<float(*)[ACC]>(&acc[nb][0][0][0]),
-                                                             a_desc + OpA::k16_step * kk,
-                                                             b_desc + OpB::k16_step * kk, 1);
-    }
+    for (int mt = 0; mt < Cfg::MT; ++mt)
+#pragma unroll
+      for (int nb = 0; nb < INSTRS; ++nb) {
+        const unsigned long long b_desc = OpB::desc(stage + Cfg::A_ELEMS, nb * Cfg::BN);
+        if constexpr (FUSE_NB && Cfg::MT > 1) {
+          static_assert(Cfg::NB == 2, "a fused instruction of two stacked B tiles");
+          Instr::mma2(*reinterpret_cast<float(*)[ACC / 2]>(&acc[0][mt][0][0]),
+                      *reinterpret_cast<float(*)[ACC / 2]>(&acc[1][mt][0][0]), a_desc[mt] + OpA::k16_step * kk,
+                      b_desc + OpB::k16_step * kk, 1);
+        } else {
+          Instr::mma(*reinterpret_cast<float(*)[ACC]>(&acc[nb][mt][0][0]), a_desc[mt] + OpA::k16_step * kk,
+                     b_desc + OpB::k16_step * kk, 1);
+        }
+      }
   wgmma_commit();
 }
 

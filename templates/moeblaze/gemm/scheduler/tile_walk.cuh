@@ -10,14 +10,20 @@ namespace moeblaze::gemm {
 // Which threads run a tile body (for_each_tile): all of them (one-role blocks), or, in a
 // warp-specialised block, the producer warpgroup or the consumer warpgroups, each with code
 // of its own so that setmaxnreg can move registers from the producer to the consumers.
+// kConsumer: the threads hold accumulators at all (what a body's end of schedule drains).
 struct AllThreads {
-  static constexpr bool kLoads = true, kComputes = true;
+  static constexpr bool kLoads = true, kComputes = true, kConsumer = true;
 };
 struct ProducerThreads {
-  static constexpr bool kLoads = true, kComputes = false;
+  static constexpr bool kLoads = true, kComputes = false, kConsumer = false;
 };
 struct ConsumerThreads {
-  static constexpr bool kLoads = false, kComputes = true;
+  static constexpr bool kLoads = false, kComputes = true, kConsumer = true;
+};
+// A ping-pong consumer group on a tile the other group owns: it only counts the tile's k steps,
+// so that its view of the block's stage sequence stays in step with the producer's.
+struct PassingThreads {
+  static constexpr bool kLoads = false, kComputes = false, kConsumer = true;
 };
 
 // Register budget of the two roles after setmaxnreg (launch: 384 threads x 168): the producer
@@ -47,6 +53,10 @@ MB_DEV PipeOf<Cfg> make_pipe() {
 //   (setmaxnreg) and runs the bodies as ProducerThreads (loads only), the consumers take them
 //   and run the bodies as ConsumerThreads (mainloop and epilogue). Each role is its own code,
 //   which is what lets ptxas give each its own register budget.
+// - Ping-pong blocks: the two consumer groups take the block's tiles in turn (group g the
+//   block's tiles g, g + 2, ...), both walking every tile so that each knows where its tiles'
+//   k steps sit in the producer's stage sequence. Group 1 first hands group 0 the mainloop
+//   turn (ws_consume passes it back and forth).
 template <class Cfg, class Body>
 MB_DEV void for_each_tile(Body&& body) {
   PipeOf<Cfg> pipe = make_pipe<Cfg>();
@@ -58,7 +68,20 @@ MB_DEV void for_each_tile(Body&& body) {
       body(static_cast<int>(blockIdx.x), pipe, role);
     }
   };
-  if constexpr (Cfg::WARP_SPECIALIZED) {
+  if constexpr (Cfg::PINGPONG) {
+    if (!is_consumer<Cfg>()) {
+      setmaxnreg_dec<kProducerRegs>();
+      walk(ProducerThreads{});
+    } else {
+      setmaxnreg_inc<kConsumerRegs>();
+      const int group = consumer_group<Cfg>();
+      if (group == 1) bar_arrive(kOrderBarrier + 0, 2 * Cfg::THREADS);
+      for (int i = 0, tile = blockIdx.x;; ++i, tile += gridDim.x) {
+        const bool more = (i & 1) == group ? body(tile, pipe, ConsumerThreads{}) : body(tile, pipe, PassingThreads{});
+        if (!more) break;
+      }
+    }
+  } else if constexpr (Cfg::WARP_SPECIALIZED) {
     if (threadIdx.x >= Cfg::THREADS) {
       setmaxnreg_dec<kProducerRegs>();
       walk(ProducerThreads{});
