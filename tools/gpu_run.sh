@@ -16,7 +16,7 @@ Exit status: 0 when every command ended as expected, 1 otherwise.
 
 Steps (default: gpu kinds defaults py):
   gpu       the C++ GPU tests (BUILD/bin/moeblaze_gpu_tests)
-  kinds     grad-check every tile kind (_wg, _ws, _wsp, _pp, TMA loads, _tstore, 192-wide
+  kinds     grad-check every tile kind (_wg, _ws, _wsp, _pp, _c2, TMA loads, _tstore, 192-wide
             tiles, _swap, the persistent down_dgrad) on small shapes chosen for partial tiles, skewed
             routing, gated and plain activations, recompute, the wide-h chunks and fp32
             accumulation; a kind whose first check fails gets no more; also each kind on the
@@ -201,9 +201,13 @@ kind_tiles() {
       t="$t --tile down_dgrad=128x128x64_w4x1_s6_pp_tma --tile up_dgrad=128x128x64_w4x1_s6_pp_tma"
       echo "$t --tile up_wgrad=128x128x64_w4x1_s4_pp_tma_tstore --tile down_wgrad=128x128x64_w4x1_s4_pp_tma_tstore" ;;
     pp64) echo "--tile up_proj=64x128x64_w4x1_s5_pp_tma --tile down_proj=64x256x64_w4x1_s5_pp_tma --tile up_wgrad=128x128x64_w4x1_s4_pp_tma" ;;
+    c2)  # cluster pairs: two blocks share each weight stage by TMA multicast
+      local t="--tile up_proj=128x128x64_w8x1_s4_wsp_tma_c2 --tile down_proj=128x256x64_w8x1_s4_wsp_tma_c2"
+      echo "$t --tile down_dgrad=128x256x64_w8x1_s4_wsp_tma_c2 --tile up_dgrad=128x256x64_w8x1_s4_wsp_tma_c2" ;;
+    pp_c2) echo "--tile up_proj=64x128x64_w4x1_s5_pp_tma_c2 --tile down_proj=64x256x64_w4x1_s5_pp_tma_c2" ;;
   esac
 }
-KINDS="wg ws wsp tma_fwd tma_wgrad tma_dgrad bn192 tstore tstore_small dgrad_wide dgrad_narrow swap pp pp64"
+KINDS="wg ws wsp tma_fwd tma_wgrad tma_dgrad bn192 tstore tstore_small dgrad_wide dgrad_narrow swap pp pp64 c2 pp_c2"
 
 # Small shapes, each for a reason: (E K d n T, then routing, mode, activation or precision).
 case_args() {
@@ -241,6 +245,8 @@ kind_cases() {
     swap) echo "grad skew chunked" ;;
     pp) echo "grad aligned skew aligned_recompute aligned_chunked fp32" ;;
     pp64) echo "grad skew fp32" ;;
+    c2) echo "grad aligned skew aligned_recompute aligned_chunked" ;;
+    pp_c2) echo "grad skew aligned_chunked" ;;
   esac
 }
 
