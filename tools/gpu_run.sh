@@ -15,7 +15,7 @@ every command; one summary line per command goes to stdout and $MOEBLAZE_DEV_OUT
 Exit status: 0 when every command ended as expected, 1 otherwise.
 
 Steps (default: gpu kinds defaults py):
-  gpu       the C++ GPU tests (BUILD/bin/moeblaze_gpu_tests)
+  gpu       the C++ GPU tests (BUILD/bin/moeblaze_gpu_tests: the layer cases, the tile table's fast rows)
   kinds     grad-check every tile kind (_wg, _ws, _wsp, _pp, _c2, TMA loads, _tstore, 192-wide
             tiles, _swap, the persistent down_dgrad) on small shapes chosen for partial tiles, skewed
             routing, gated and plain activations, recompute, the wide-h chunks and fp32
@@ -251,7 +251,7 @@ kind_cases() {
 }
 
 for s in $steps; do case $s in
-gpu) check gpu_tests 240 "$BUILD/bin/moeblaze_gpu_tests" ;;
+gpu) check gpu_tests 900 "$BUILD/bin/moeblaze_gpu_tests" ;;  # the layer cases and the tile table's fast rows
 kinds)
   for k in $KINDS; do
     tiles=$(kind_tiles "$k")

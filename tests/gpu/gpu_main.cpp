@@ -9,12 +9,13 @@ namespace {
 
 constexpr const char* kUsage = R"(moeblaze_gpu_tests: the layer on a GPU against the CPU reference.
   gpu: ...               cases of shapes, activations, routers, routing kinds, checkpoint modes
-  gpu table: fast rows   every tile kind on small shapes (tests/tables/tile_table.cpp)
-  gpu table: full sweep  each fast row in the other checkpoint mode, the suite presets per kind
-                         and the mma.sync tiles; runs with MOEBLAZE_GPU_SWEEP=1 or --no-skip
-                         (ctest --test-dir build -L sweep)
+  gpu table: fast rows   every tile kind on one small shape (tests/tables/tile_table.cpp)
+  gpu table: full sweep  each kind's other small shapes, both checkpoint modes, the suite presets
+                         per kind and the mma.sync tiles; runs with MOEBLAZE_GPU_SWEEP=1 or
+                         --no-skip (ctest --test-dir build -L sweep)
 Rows are subcases named "kind / shape / mode": -tc="gpu table*" -sc="*tstore*" runs one kind,
--sc="*deepseek-v3*" one shape. Exit code 77 without a GPU. doctest's own options follow.
+-sc="*deepseek-v3*" one shape. Kernels are compiled into the cache MOEBLAZE_CACHE names (a
+second run compiles nothing). Exit code 77 without a GPU. doctest's own options follow.
 )";
 
 }  // namespace

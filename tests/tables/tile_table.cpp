@@ -189,8 +189,10 @@ const TileKind kClusterPingpong = pingpong_kind("cluster-pingpong", "slot-tiled 
 
 struct KindRows {
   const TileKind& kind;
-  std::vector<std::pair<TableShape, CheckpointMode>> small;  // fast rows
-  std::vector<std::string> presets;                         // full sweep, save-h
+  // The first is the kind's fast row; the others, every one in the other checkpoint mode too,
+  // and the presets (save-h) are the full sweep's.
+  std::vector<std::pair<TableShape, CheckpointMode>> small;
+  std::vector<std::string> presets;
 };
 
 const CheckpointMode kSaveH = CheckpointMode::save_h, kRecompute = CheckpointMode::recompute;
@@ -204,11 +206,11 @@ std::vector<KindRows> table() {
       {kWs, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRagged, kRecompute}}, {"qwen3-30b-a3b"}},
       {kWsp, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRagged, kRecompute}}, {"qwen3-30b-a3b"}},
       {kTma, {{kSmall, kSaveH}, {kRagged, kRecompute}}, {"gpt-oss-20b", "mixtral-8x7b"}},
-      {kTmaP, {{kSkewedSilu, kSaveH}}, {"gpt-oss-20b", "mixtral-8x7b"}},
-      {kTmaWgrad, {{kRagged, kSaveH}}, {"qwen3-next-80b", "mixtral-8x7b"}},
-      {kTmaWgradP, {{kSkewedSilu, kSaveH}}, {}},
+      {kTmaP, {{kSmall, kSaveH}, {kSkewedSilu, kSaveH}}, {"gpt-oss-20b", "mixtral-8x7b"}},
+      {kTmaWgrad, {{kSmall, kSaveH}, {kRagged, kSaveH}}, {"qwen3-next-80b", "mixtral-8x7b"}},
+      {kTmaWgradP, {{kSmall, kSaveH}, {kSkewedSilu, kSaveH}}, {}},
       {kTmaDgrad, {{kSmall, kSaveH}, {kRaggedTma, kSaveH}}, {"qwen3-next-80b", "mixtral-8x7b"}},
-      {kTmaDgradP, {{kSkewedSilu, kSaveH}}, {}},
+      {kTmaDgradP, {{kSmall, kSaveH}, {kSkewedSilu, kSaveH}}, {}},
       {kDgradWs256, {{kSmall, kSaveH}, {kSkewedGelu, kSaveH}, {kChunked, kSaveH}}, {"mixtral-8x7b", "qwen3-next-80b"}},
       {k192Wide, {{k192, kSaveH}, {k192Ragged, kSaveH}, {k192Skewed, kSaveH}}, {"gpt-oss-20b"}},
       {kTstore,
@@ -220,7 +222,7 @@ std::vector<KindRows> table() {
        {{kSmall, kSaveH}, {kRagged192, kSaveH}, {kSkewedSilu, kSaveH}, {kChunkedSkewed, kSaveH},
         {kChunkedGelu, kRecompute}},
        {"gpt-oss-20b", "mixtral-8x7b"}},
-      {kDgrad128, {{kRagged192, kSaveH}}, {}},
+      {kDgrad128, {{kSmall, kSaveH}, {kRagged192, kSaveH}}, {}},
       {kSwap, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRagged, kRecompute}}, {"qwen3-30b-a3b"}},
       {kPingpong, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRaggedTma, kRecompute}}, {"qwen3-30b-a3b", "mixtral-8x7b"}},
       {kPingpong64, {{kSmall, kSaveH}, {kSkewedSilu, kSaveH}}, {"qwen3-30b-a3b"}},
@@ -238,15 +240,18 @@ std::string TableRow::name() const { return kind.name + " / " + shape.name + " /
 
 std::vector<TableRow> fast_rows() {
   std::vector<TableRow> rows;
-  for (const KindRows& k : table())
-    for (const auto& [shape, mode] : k.small) rows.push_back({k.kind, shape, mode});
+  for (const KindRows& k : table()) rows.push_back({k.kind, k.small.front().first, k.small.front().second});
   return rows;
 }
 
 std::vector<TableRow> sweep_rows() {
   std::vector<TableRow> rows;
   for (const KindRows& k : table()) {
-    for (const auto& [shape, mode] : k.small) rows.push_back({k.kind, shape, other(mode)});
+    for (size_t i = 0; i < k.small.size(); ++i) {
+      const auto& [shape, mode] = k.small[i];
+      if (i > 0) rows.push_back({k.kind, shape, mode});
+      rows.push_back({k.kind, shape, other(mode)});
+    }
     for (const std::string& p : k.presets) rows.push_back({k.kind, preset(p), kSaveH});
   }
   for (const TableShape& s : {kSmall, kSkewed}) rows.push_back({kMmaSync, s, kSaveH});
@@ -262,6 +267,10 @@ LayerCheckOptions check_options(const TableRow& row) {
   o.routing = row.shape.routing;
   o.accumulate_fp32 = row.shape.accumulate_fp32;
   o.force = row.kind.tiles(row.shape.layer, row.shape.tokens);
+  // Every other tiled family on its default, forced too: a cache's tuned winners then never
+  // change what a row runs, whatever cache it compiles into.
+  for (const KernelSpec& s : layer_kernel_specs(o.layer, "sm_90a", o.tokens))
+    if (is_tiled(s.family)) o.force.emplace(s.family, s.tile);
   return o;
 }
 

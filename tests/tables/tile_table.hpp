@@ -4,10 +4,12 @@
 // so a renamed or tightened tile breaks CI before it costs GPU time.
 //
 // A tile kind is a set of forced tiles (FAMILY=TILE, as `moeblaze grad-check --tile` takes
-// them) or a rule over the default tiles; families the row's layer lacks are ignored, and
-// gate_grad follows down_dgrad. The fast rows are the small-shape checks of each kind; the
-// full sweep adds each of them in the other checkpoint mode, the suite presets per kind, and
-// the mma.sync tiles.
+// them) or a rule over the default tiles; families the row's layer lacks are ignored, every
+// other tiled family runs its default tile (forced as well), and gate_grad follows
+// down_dgrad. The fast rows are one small-shape check per kind, on as few shapes as possible
+// (the default kernels of a shape compile once); the full sweep adds the kind's other small
+// shapes, every small row in both checkpoint modes, the suite presets per kind, and the
+// mma.sync tiles.
 #pragma once
 #include <cstdint>
 #include <functional>
