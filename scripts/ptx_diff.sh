@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
     --compare) compare=$2; shift 2 ;;
     --ref-bin) ref_bin=$2; shift 2 ;;
     --keep) keep=$2; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | cut -c3-; exit 0 ;;
     -*) echo "ptx_diff: unknown option $1" >&2; exit 2 ;;
     *) break ;;
   esac
@@ -90,7 +90,7 @@ if [ -n "$compare" ]; then
   compare_ptx "$compare" $(cd "$compare/new" && ls *.json | sed 's/\.json$//')
   exit
 fi
-[ $# -eq 1 ] || { sed -n '5,11p' "$0" >&2; exit 2; }
+[ $# -eq 1 ] || { sed -n '6,12p' "$0" | cut -c3- >&2; exit 2; }
 ref=$1
 jobs=${MOEBLAZE_JOBS:-$(nproc)}
 build=${MOEBLAZE_BUILD_DIR:-build}
