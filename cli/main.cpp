@@ -17,7 +17,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0 as CLI11 prints them; every other parse error is a bad
+    // argument: exit 2 (README "Exit codes"), with CLI11's message, which names the option.
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    fmt::print(stderr, "error: {}\nRun with --help for more information.\n", e.what());
+    return 2;
   }
   try {
     for (auto& c : commands)

@@ -28,6 +28,10 @@ struct LoadReport {
   std::vector<KernelChoice> kernels;
   double total_ms = 0, compile_ms = 0, module_load_ms = 0;
   int cache_hits = 0, compiled = 0;
+  // What went wrong with the cache without stopping the load (a winner whose tile does not
+  // parse: the default tile instead; a cache that failed to read or write: compiled without
+  // it), one line each, each said once.
+  std::vector<std::string> warnings;
   std::string summary() const;  // one line
 };
 
@@ -35,8 +39,9 @@ struct LoadReport {
 // device (any bucket or policy); nullopt: none applies, use the default.
 std::optional<std::pair<Winner, TileSource>> pick_winner(const std::vector<Winner>& winners, const TuningKey& exact);
 
-// Cubins for `specs`: from the cache when present, else compiled in parallel and stored.
-// Compile failures are rethrown (defaults never fail); no GPU is needed.
+// Cubins for `specs`: from the cache when present, else compiled in parallel and stored (not
+// when the cache is read-only). Compile failures are rethrown (defaults never fail); a cache
+// that fails to read or write is left out with a warning in the report; no GPU is needed.
 std::vector<BuiltKernel> build_with_cache(const std::vector<KernelSpec>& specs, KernelCache* cache,
                                           LoadReport* report = nullptr);
 
