@@ -174,7 +174,7 @@ Unusable check_file(Connection& db) {
     return u;
   } catch (const SqliteError& e) {
     if (e.code == SQLITE_NOTADB) return Unusable::refused("not an SQLite database; it is left as it is");
-    if (e.code == SQLITE_CORRUPT) return {fmt::format("damaged ({})", sqlite3_errstr(e.code)), true, {e.what()}};
+    if (e.code == SQLITE_CORRUPT) return Unusable{fmt::format("damaged ({})", sqlite3_errstr(e.code)), true, {sqlite3_errstr(e.code)}};
     throw;
   }
 }

@@ -333,8 +333,10 @@ RowWalker::Stmt RowWalker::prepare(const std::string& sql) {
 void RowWalker::restart() {
   const std::string name = table_name(table_), cols = table_columns(table_);
   if (by_rowid_) {
-    rows_ = prepare(fmt::format("SELECT rowid, {} FROM {} WHERE rowid > ?1 ORDER BY rowid", cols, name));
-    sqlite3_bind_int64(rows_.get(), 1, cursor_);
+    // ">= cursor + 1", not "> cursor": SQLite seeks to the key itself first, and the key just
+    // before a damaged page sits in that page's parent range.
+    rows_ = prepare(fmt::format("SELECT rowid, {} FROM {} WHERE rowid >= ?1 ORDER BY rowid", cols, name));
+    sqlite3_bind_int64(rows_.get(), 1, cursor_ + 1);
   } else {
     rows_ = prepare(fmt::format("SELECT NULL, {} FROM {}", cols, name));
   }
@@ -342,8 +344,9 @@ void RowWalker::restart() {
 }
 
 std::optional<std::optional<int64_t>> RowWalker::probe(int64_t after) {
-  Stmt s = prepare(fmt::format("SELECT rowid FROM {} WHERE rowid > ?1 ORDER BY rowid LIMIT 1", table_name(table_)));
-  sqlite3_bind_int64(s.get(), 1, after);
+  if (after == INT64_MAX) return std::optional<int64_t>();
+  Stmt s = prepare(fmt::format("SELECT rowid FROM {} WHERE rowid >= ?1 ORDER BY rowid LIMIT 1", table_name(table_)));
+  sqlite3_bind_int64(s.get(), 1, after + 1);
   const int rc = sqlite3_step(s.get());
   if (rc == SQLITE_ROW) return std::optional<int64_t>(sqlite3_column_int64(s.get(), 0));
   if (rc == SQLITE_DONE) return std::optional<int64_t>();
@@ -384,6 +387,7 @@ RowWalker::Step RowWalker::after_error(int rc) {
 }
 
 RowWalker::Step RowWalker::next(Row& row) {
+  if (by_rowid_ && cursor_ == INT64_MAX) return Step::end;
   if (!started_) restart();
   for (;;) {
     if (!rows_) restart();

@@ -135,8 +135,13 @@ Command cache_command() {
       if (st->fix) return salvage(path, st->json);
       if (st->json)
         fmt::print("{}\n", nlohmann::json{{"verify", {{"integrity_ok", false}, {"problems", e.problems}}}}.dump(2));
-      else
-        fmt::print("integrity FAILED: {}\n", e.what());
+      else {
+        fmt::print("integrity FAILED: {} is damaged\n", path);
+        for (const auto& p : e.problems) fmt::print("  {}\n", p);
+        fmt::print("the file is left as it is; `moeblaze cache verify --fix --db {}` copies every readable row into a "
+                   "fresh file and keeps the damaged one beside it\n",
+                   path);
+      }
       return 1;
     }
     KernelCache& cache = *opened;
@@ -198,10 +203,10 @@ Command cache_command() {
       const CacheSummary s = cache.summary();
       j["summary"] = {{"path", s.path}, {"schema_version", s.schema_version}, {"binaries", s.binaries},
                       {"binary_bytes", s.binary_bytes}, {"measurements", s.measurements}, {"failures", s.failures},
-                      {"winners", s.winners}, {"file_bytes", s.file_bytes}, {"writable", cache.writable()}};
+                      {"winners", s.winners}, {"file_bytes", s.file_bytes}};
       if (!st->json)
-        fmt::print("{} (schema {}{}): {} binaries ({:.1f} MiB), {} measurements ({} failures), {} winners, file {:.1f} MiB\n",
-                   s.path, s.schema_version, cache.writable() ? "" : ", read-only", s.binaries,
+        fmt::print("{} (schema {}): {} binaries ({:.1f} MiB), {} measurements ({} failures), {} winners, file {:.1f} MiB\n",
+                   s.path, s.schema_version, s.binaries,
                    s.binary_bytes / 1048576.0, s.measurements, s.failures, s.winners, s.file_bytes / 1048576.0);
     }
     if (st->json) fmt::print("{}\n", j.dump(2));

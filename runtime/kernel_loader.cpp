@@ -125,13 +125,8 @@ std::vector<BuiltKernel> build_with_cache(const std::vector<KernelSpec>& specs, 
   return out;
 }
 
-KernelSet load_kernels(const LayerConfig& layer, const DeviceInfo& device, KernelCache* cache,
-                       const LoadOptions& o, LoadReport* report) {
-  const auto t0 = std::chrono::steady_clock::now();
-  LoadReport local;
-  LoadReport& r = report ? *report : local;
-  const std::string arch = device.arch();
-  const std::string fingerprint = device_fingerprint(device);
+std::vector<KernelSpec> choose_tiles(const LayerConfig& layer, const std::string& arch, const std::string& fingerprint,
+                                     KernelCache* cache, const LoadOptions& o, LoadReport& r) {
   const int64_t bucket = token_bucket(o.tokens > 0 ? o.tokens : 1);
   std::vector<KernelSpec> specs = layer_kernel_specs(layer, arch, o.tokens);
   std::map<std::string, std::vector<Winner>> winners;  // per family, read once
@@ -173,6 +168,15 @@ KernelSet load_kernels(const LayerConfig& layer, const DeviceInfo& device, Kerne
     if (s.family == KernelFamily::gate_grad)
       for (const auto& o2 : specs)
         if (o2.family == KernelFamily::down_dgrad) s.tile = o2.tile;
+  return specs;
+}
+
+KernelSet load_kernels(const LayerConfig& layer, const DeviceInfo& device, KernelCache* cache,
+                       const LoadOptions& o, LoadReport* report) {
+  const auto t0 = std::chrono::steady_clock::now();
+  LoadReport local;
+  LoadReport& r = report ? *report : local;
+  std::vector<KernelSpec> specs = choose_tiles(layer, device.arch(), device_fingerprint(device), cache, o, r);
   std::vector<BuiltKernel> built = build_with_cache(specs, cache, &r);
   for (size_t i = 0; i < built.size(); ++i) r.kernels[i].binary_from_cache = built[i].from_cache;
   KernelSet set = KernelSet::from_kernels(layer, std::move(built));
