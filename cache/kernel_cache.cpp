@@ -123,7 +123,7 @@ PathAccess check_path(const std::string& path, bool read_only) {
     a.cannot_write = fmt::format("cannot write in folder {}: {}", folder.string(), os_reason(errno));
   else if (a.exists && ::access(path.c_str(), W_OK) != 0)
     a.cannot_write = fmt::format("cannot write the file: {}", os_reason(errno));
-  if (!a.exists && !a.cannot_write.empty()) throw os_error(a.cannot_write, EACCES);
+  if (!a.exists && !a.cannot_write.empty()) throw CacheError(fmt::format("cache {}: {}", path, a.cannot_write));
   return a;
 }
 

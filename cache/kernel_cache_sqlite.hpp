@@ -62,7 +62,8 @@ class Connection {
   Connection(const std::string& path, OpenAs as) : path_(path) {
     const bool writes = as == OpenAs::read_write;
     const int flags = SQLITE_OPEN_URI | (writes ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE : SQLITE_OPEN_READONLY);
-    const bool untrusted = as == OpenAs::untrusted || as == OpenAs::untrusted_immutable;
+    untrusted_ = as == OpenAs::untrusted || as == OpenAs::untrusted_immutable;
+    const bool untrusted = untrusted_;
     const char* query = as == OpenAs::immutable || as == OpenAs::untrusted_immutable ? "?immutable=1"
                         : writes                                                   ? ""
                                                                                    : "?mode=ro";
@@ -83,10 +84,11 @@ class Connection {
   sqlite3* get() const { return db_; }
   const std::string& path() const { return path_; }
 
-  // A damaged file gets the command that salvages it named in the message.
+  // A damaged cache gets the command that salvages it named in the message (a file being
+  // imported is not a cache of the user's: no such advice).
   [[noreturn]] void fail(int rc, const std::string& what) const {
     const int primary = rc & 0xff;
-    const bool damaged = primary == SQLITE_CORRUPT || primary == SQLITE_NOTADB;
+    const bool damaged = !untrusted_ && (primary == SQLITE_CORRUPT || primary == SQLITE_NOTADB);
     throw SqliteError(fmt::format("cache {}: {}: {}{}", path_, what, sqlite3_errmsg(db_),
                                   damaged ? fmt::format(" (the file is left as it is; `moeblaze cache verify --db {}` "
                                                         "reports the damage and `--fix` salvages its readable rows)",
@@ -111,6 +113,7 @@ class Connection {
 
   std::string path_;
   sqlite3* db_ = nullptr;
+  bool untrusted_ = false;
 };
 
 // A prepared statement; `what` says in errors what it was doing ("storing a binary").

@@ -172,6 +172,13 @@ Command regress_command() {
   c.run = [st] {
     require_regular_file(st->baseline, "--baseline");
     const Baseline base = read_baseline(st->baseline);
+    // A baseline is a file anyone can edit: its numbers pass the same checks as options (an
+    // infinite or negative time would make every comparison pass or fail).
+    checked_token_slots(base.tokens, base.layer.shape.topk, "--baseline");
+    for (const auto& k : base.kernels) {
+      require_finite(k.median_ms, 0, 1e9, "--baseline", k.family + " median_ms");
+      require_finite(k.spread_ms, 0, 1e9, "--baseline", k.family + " spread_ms");
+    }
     require_finite(st->tolerance, 0, kMaxTolerancePercent, "--tolerance");
     if (st->samples < 10) throw InvalidArgument("--samples", "at least 10");
     require_in_range(st->samples, 10, kMaxSamples, "--samples");

@@ -10,6 +10,7 @@
 #include "cache_test_util.hpp"
 #include "generator/layer_config.hpp"
 #include "kernel_loader.hpp"
+#include "tuner/heuristics.hpp"
 
 using namespace cache_test;
 
@@ -557,4 +558,51 @@ TEST_CASE("import: fuzz (crafted schemas, rows and bytes) never crashes, hangs o
   std::printf("import fuzz: %d imported, %d refused\n", imported, refused);
   CHECK(imported > 0);  // the fuzz reaches the row checks, not only the file checks
   CHECK(refused > 0);
+}
+
+TEST_CASE("load: a read-only or failing cache costs compile time, never the load") {
+  TempDir dir;
+  const std::string path = dir.file("kernels.db");
+  { KernelCache create(path); }
+  LayerConfig layer;
+  layer.shape = {8, 2, 64, 64};
+  std::vector<KernelSpec> specs = layer_kernel_specs(layer, "sm_90a", 0);
+  specs.resize(1);  // one small kernel: NVRTC needs no GPU
+  {
+    KernelCache ro(path, true);
+    LoadReport r;
+    std::vector<BuiltKernel> built;
+    CHECK_NOTHROW(built = build_with_cache(specs, &ro, &r));
+    CHECK(built.size() == 1);
+    CHECK(r.compiled == 1);
+    CHECK(r.warnings.empty());
+  }
+  CHECK(RawDb(path).integer("SELECT count(*) FROM binaries") == 0);  // read-only: nothing stored
+  {
+    KernelCache rw(path);
+    LoadReport r;
+    build_with_cache(specs, &rw, &r);
+    CHECK(r.compiled == 1);
+    LoadReport again;
+    build_with_cache(specs, &rw, &again);
+    CHECK(again.cache_hits == 1);
+  }
+  // Every page after the header damaged while a process has the cache open.
+  KernelCache open(path);
+  {
+    const auto size = fs::file_size(path);
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    const std::vector<char> noise = random_blob(size - 4096, 11);
+    f.seekp(4096);
+    f.write(noise.data(), std::streamsize(noise.size()));
+  }
+  // Another process's write makes this one drop its page cache and read the damaged pages.
+  RawDb(path).exec("CREATE TABLE other_process(x)");
+  LoadReport r;
+  std::vector<BuiltKernel> built;
+  CHECK_NOTHROW(built = build_with_cache(specs, &open, &r));
+  CHECK(built.size() == 1);
+  CHECK(r.compiled == 1);
+  REQUIRE(r.warnings.size() == 1);  // said once why the cache did not serve
+  CHECK(contains(r.warnings[0], "compiling without the cache"));
 }
