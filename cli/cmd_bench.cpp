@@ -54,6 +54,7 @@ Command bench_command() {
     o.force = parse_tiles(st->tiles, "--tile");
     if (o.steps < 10) throw InvalidArgument("--steps", "at least 10");
     require_in_range(o.steps, 10, kMaxSamples, "--steps");
+    require_timing_routing(o.routing, "--routing");
     DeviceContext ctx(0);
     std::unique_ptr<KernelCache> cache;
     if (!st->no_cache) {

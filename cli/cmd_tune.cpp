@@ -90,6 +90,7 @@ Command tune_command() {
     if (st->samples < 10) throw InvalidArgument("--samples", "at least 10 (the median of fewer is noise)");
     require_in_range(st->samples, 10, kMaxSamples, "--samples");
     require_in_range(st->candidates, 1, kMaxCandidates, "--candidates");
+    require_timing_routing(st->routing, "--routing");
     o.routing = st->routing;
     o.budget_s = st->budget;
     o.samples = st->samples;

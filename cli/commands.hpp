@@ -47,6 +47,10 @@ inline constexpr int kMaxCandidates = 1000;   // tile candidates per family
 // opening it: a FIFO would block the read).
 void require_regular_file(const std::string& path, const char* option);
 
+// The timing routings of tune and bench: router | random | balanced | skewed; throws
+// InvalidArgument(option) before any compile or launch.
+void require_timing_routing(const std::string& routing, const char* option);
+
 // FAMILY=TILE pairs (repeatable --tile / --force options); throws InvalidArgument(option).
 std::map<KernelFamily, TileConfig> parse_tiles(const std::vector<std::string>& pairs, const char* option);
 

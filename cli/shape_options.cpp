@@ -60,6 +60,12 @@ long long ShapeOptions::token_count(long long fallback) const {
   return t;
 }
 
+void require_timing_routing(const std::string& routing, const char* option) {
+  for (const char* r : {"router", "random", "balanced", "skewed"})
+    if (routing == r) return;
+  throw InvalidArgument(option, fmt::format("'{}' is not one of router, random, balanced, skewed", routing));
+}
+
 std::map<KernelFamily, TileConfig> parse_tiles(const std::vector<std::string>& pairs, const char* option) {
   std::map<KernelFamily, TileConfig> out;
   for (const auto& f : pairs) {

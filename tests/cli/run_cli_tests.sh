@@ -208,6 +208,19 @@ check "tile with 64+ warps" 2 "warps_m = 99999 is outside" "$BIN" generate --che
 check "--candidates -3" 2 "--candidates: -3 is outside \[1, 1000\]" "$BIN" tune $SMALL -T 64 --candidates -3 --db "$TMP/x.db"
 check "--samples huge" 2 "--samples" "$BIN" grad-check $SMALL -T 8 --samples 99999999
 check "--steps negative" 2 "--steps" "$BIN" bench $SMALL -T 8 --steps -5
+check "--arch not a target" 2 "--arch: 'sm_90a --foo' is not a target" "$BIN" generate --check-only $SMALL --arch "sm_90a --foo"
+check "tune --routing checked before compiling" 2 "--routing: 'bogus' is not one of" "$BIN" tune $SMALL -T 64 --routing bogus --db "$TMP/x.db"
+check "bench --routing" 2 "--routing: 'bogus'" "$BIN" bench $SMALL -T 64 --routing bogus
+python3 - "$(dirname "$0")/../../bench/baselines/qwen3-30b-a3b.json" "$TMP/neg.json" "$TMP/bigT.json" <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1]))
+neg = json.loads(json.dumps(b)); neg["kernels"][0]["median_ms"] = -1.0
+json.dump(neg, open(sys.argv[2], "w"))
+big = json.loads(json.dumps(b)); big["tokens"] = 2**60
+json.dump(big, open(sys.argv[3], "w"))
+PY
+check "regress baseline with a negative time" 2 "--baseline: .*median_ms = -1 is outside" "$BIN" regress --baseline "$TMP/neg.json"
+check "regress baseline with T*K overflowing" 2 "--baseline: T\*K" "$BIN" regress --baseline "$TMP/bigT.json"
 
 # ---- the argument space, fuzzed (seeded; the seed is printed) --------------------------------
 check "CLI argument fuzz" 0 "fuzz: [0-9]+ runs, all exit codes documented" python3 "$(dirname "$0")/fuzz_cli_args.py" "$BIN" "$TMP/fuzz" "$TMP/base.db"
