@@ -4,8 +4,8 @@
 
 #include "cache/kernel_cache.hpp"
 #include "cuda_driver.hpp"
-#include "kernel_set.hpp"
 #include "generator/kernel_spec.hpp"
+#include "kernel_set.hpp"
 #include "nvrtc_compiler.hpp"
 
 namespace moeblaze {
@@ -28,6 +28,11 @@ std::string measurement_policy(const std::string& routing);
 
 TuningKey tuning_key(KernelFamily family, const LayerConfig& layer, int64_t bucket, const std::string& device,
                      const std::string& policy);
+
+// The generator's checks of a tuning row read from a file (KernelCache::import_from,
+// KernelCache::salvage): "" when `family` is a tuned kernel family and `config` a tile name
+// that parses, else a short reason without the row's text.
+std::string tuning_row_problem(const std::string& family, const std::string& config);
 
 // Cache rows <-> pipeline values.
 CachedBinary to_cached(const BuiltKernel& k, const std::string& key);

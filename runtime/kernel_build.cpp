@@ -30,20 +30,30 @@ std::vector<KernelBuild> build_kernels(const std::vector<KernelSpec>& specs, con
   std::vector<GeneratedKernel> generated(specs.size());
   std::vector<std::string> keys(specs.size());
   std::vector<size_t> misses;
-  // Generation and lookups are quick: on this thread, so the cache sees one caller here.
+  KernelCache* cache = o.cache;
+  std::string cache_error;
+  std::mutex cache_mutex;  // one connection, used by one thread at a time
+  auto drop_cache = [&](const CacheError& e) {
+    if (cache_error.empty()) cache_error = e.what();
+    cache = nullptr;
+  };
+  // Generation and lookups are quick: on this thread.
   for (size_t i = 0; i < specs.size(); ++i) {
     try {
       generated[i] = generate(specs[i]);
       keys[i] = binary_key(generated[i], CompileOptions{specs[i].arch, {}});
       std::optional<CachedBinary> hit;
-      if (o.cache && !o.keep_ptx) hit = o.cache->find_binary(key_hash(keys[i]), keys[i]);
+      try {
+        if (cache && !o.keep_ptx) hit = cache->find_binary(key_hash(keys[i]), keys[i]);
+      } catch (const CacheError& e) {
+        drop_cache(e);
+      }
       if (hit) out[i].kernel = from_cached(generated[i], *hit);
       else misses.push_back(i);
     } catch (...) {
       out[i].error = std::current_exception();
     }
   }
-  std::mutex cache_mutex;  // one connection, used by one compile thread at a time
   const auto t0 = std::chrono::steady_clock::now();
   parallel_tasks(static_cast<int64_t>(misses.size()), [&](int64_t m) {
     const size_t i = misses[m];
@@ -51,9 +61,13 @@ std::vector<KernelBuild> build_kernels(const std::vector<KernelSpec>& specs, con
       BuiltKernel b;
       b.generated = generated[i];
       b.compiled = compile_kernel(b.generated.source, CompileOptions{specs[i].arch, {}, o.keep_ptx});
-      if (o.cache) {
+      {
         std::lock_guard lock(cache_mutex);
-        o.cache->put_binary(to_cached(b, keys[i]));
+        try {
+          if (cache && cache->writable()) cache->put_binary(to_cached(b, keys[i]));
+        } catch (const CacheError& e) {
+          drop_cache(e);
+        }
       }
       out[i].kernel = std::move(b);
     } catch (...) {
@@ -61,6 +75,7 @@ std::vector<KernelBuild> build_kernels(const std::vector<KernelSpec>& specs, con
     }
   }, o.threads);
   if (counts) {
+    if (counts->cache_error.empty()) counts->cache_error = cache_error;
     if (!misses.empty())
       counts->compile_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     for (const KernelBuild& b : out) {

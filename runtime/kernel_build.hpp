@@ -1,7 +1,9 @@
 // Stage 3 of the pipeline: kernel specs -> cubins, with or without the cache. The one place
 // that decides how a kernel is obtained: generate its source, look its binary key up in the
 // cache, compile the misses with NVRTC in parallel, and store each one as soon as it is
-// compiled (a short write; no transaction is open across a compile).
+// compiled (a short write; no transaction is open across a compile; nothing is stored in a
+// read-only cache). A cache that fails to read or write costs compile time, never the build:
+// the call goes on without it and says why (BuildCounts::cache_error).
 #pragma once
 #include <exception>
 #include <memory>
@@ -44,7 +46,8 @@ struct KernelBuild {
 
 struct BuildCounts {
   int from_cache = 0, compiled = 0, failed = 0;
-  double compile_ms = 0;  // wall time of the parallel compile (0 when everything was cached)
+  double compile_ms = 0;    // wall time of the parallel compile (0 when everything was cached)
+  std::string cache_error;  // the first cache failure, after which the cache was left out
 };
 
 // Every spec's outcome, in spec order. One spec's failure does not stop the others.

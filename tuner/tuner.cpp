@@ -52,7 +52,8 @@ std::vector<Candidate> list_candidates(const TuneOptions& o, const LayerConfig& 
 
 // Compiles (or fetches) every candidate. A failure, or a kernel that spills, is recorded on
 // the candidate and never stops the others.
-void build_candidates(std::vector<Candidate>& cands, KernelCache& cache, TuneReport& rep) {
+// Returns why the cache was left out part-way, if it was.
+std::string build_candidates(std::vector<Candidate>& cands, KernelCache& cache, TuneReport& rep) {
   std::vector<KernelSpec> specs;
   for (const Candidate& c : cands) specs.push_back(c.spec);
   BuildCounts counts;
@@ -77,6 +78,7 @@ void build_candidates(std::vector<Candidate>& cands, KernelCache& cache, TuneRep
     }
     c.built = std::move(builds[i].kernel);
   }
+  return counts.cache_error;
 }
 
 // ---- the outputs a candidate must reproduce ------------------------------------------
@@ -392,7 +394,8 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
   say(fmt::format("compiling {} candidates of {} families for {} ({})", flat.size(), tunable_families(layer).size(),
                   rep.layer, arch),
       false);
-  build_candidates(flat, cache, rep);
+  if (const std::string err = build_candidates(flat, cache, rep); !err.empty())
+    say("the cache failed while storing candidates (they were compiled, not stored): " + err, false);
   Candidates cands;
   for (auto& c : flat) cands[c.spec.family].push_back(std::move(c));
   say(fmt::format("compiled {} (cache had {}), {} failed", rep.compiled, rep.from_cache, rep.compile_failures), false);
