@@ -20,7 +20,7 @@ expert's rows in row order).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import List, Tuple
 
 import torch
 from torch import Tensor
@@ -132,6 +132,16 @@ def received_expert_ids(recv_counts: Tensor, chunk: int, chunks: int, rows: int)
     return torch.repeat_interleave(ids, counts, output_size=rows)
 
 
+def padded_expert_ids(recv_counts: Tensor, rows: int) -> Tensor:
+    """Local expert id of each of `rows` receive-buffer rows when the received rows fill its
+    start (one chunk: per source rank a run per expert) and the count stays on the device:
+    rows past the received ones get E_local, an id moeblaze's index build leaves out."""
+    W, local = recv_counts.shape
+    ends = torch.cumsum(recv_counts.reshape(-1), 0)
+    seg = torch.searchsorted(ends, torch.arange(rows, device=recv_counts.device, dtype=ends.dtype), right=True)
+    return torch.where(seg < W * local, seg % local, torch.full_like(seg, local)).to(torch.int32)
+
+
 def gather_sum(rows: Tensor, position: Tensor, out_dtype: torch.dtype) -> Tensor:
     """out[t] = sum over j = 0 .. K-1, in that order, of rows[position[t, j]], accumulated in
     (at least) float32 and rounded once. Elementwise adds only: the result of a token does not
@@ -161,7 +171,7 @@ def received_bytes(splits: HostSplits, rank: int, row_bytes: int) -> int:
     return row_bytes * sum(n for chunk in splits.recv for r, n in enumerate(chunk) if r != rank)
 
 
-def chunk_experts(local: int, chunks: int, chunk: int) -> Sequence[int]:
+def chunk_experts(local: int, chunks: int, chunk: int) -> Tuple[int, int]:
     """Local expert range [lo, hi) of a chunk."""
     per_chunk = local // chunks
     return chunk * per_chunk, (chunk + 1) * per_chunk

@@ -149,7 +149,7 @@ def _check_args(x, topk_ids, topk_weights, w1, w3, w2, num_experts, world):
                                 f"{[T, K]} like topk_ids")
     if not topk_weights.dtype.is_floating_point:
         raise C.InvalidArgument("topk_weights", f"topk_weights: must be floating point, got {topk_weights.dtype}")
-    if num_experts % world:
+    if num_experts < 1 or num_experts % world:
         raise C.InvalidArgument("num_experts", f"num_experts: {num_experts} experts do not shard evenly over "
                                 f"{world} ranks")
     local = num_experts // world
@@ -170,9 +170,13 @@ def default_engine(x: Tensor, activation: str, checkpoint: str = "save-h", tiles
     return MoeblazeExperts(activation, checkpoint, tiles) if x.is_cuda else TorchExperts(activation)
 
 
+EXCHANGES = ("all_to_all", "symm_mem")
+
+
 def ep_moe(x: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor, topk_ids: Tensor, topk_weights: Tensor, *,
            num_experts: int, group=None, chunks: int = 1, engine=None, activation: str = "swiglu",
-           checkpoint: str = "save-h", tiles: str = "tuned") -> EPOutput:
+           checkpoint: str = "save-h", tiles: str = "tuned", exchange: str = "all_to_all",
+           max_tokens: Optional[int] = None) -> EPOutput:
     """The expert-parallel MoE layer, functional form with caller routing.
 
     x [T, d] this rank's tokens; topk_ids [T, K] global expert ids; topk_weights [T, K] gates
@@ -181,14 +185,32 @@ def ep_moe(x: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor, topk_ids: Te
     group (default: the world). chunks: local expert groups whose exchanges overlap the
     others' compute (E_local % chunks == 0). engine: the local expert compute (default:
     moeblaze for CUDA tensors, see ep_experts). Every rank of the group must call it (with
-    any T, including 0)."""
+    any T, including 0).
+
+    exchange="all_to_all" (default): all_to_all_single over the group (NCCL, or gloo), split
+    sizes on the host: one device-to-host copy of the counts per call. "symm_mem": split sizes
+    stay on the device (NVSHMEM all_to_all_vdev, no host sync, CUDA-graph capturable; needs
+    max_tokens, the most tokens any rank passes, and chunks=1; see ep_symm)."""
+    if exchange not in EXCHANGES:
+        raise C.InvalidArgument("exchange", f"exchange: '{exchange}' is not one of {', '.join(EXCHANGES)}")
+    if engine is None:
+        engine = default_engine(x, activation, checkpoint, tiles)
+    if exchange == "symm_mem":
+        import torch.distributed as dist
+        from .ep_symm import ep_step_device
+        world = dist.get_world_size(group)
+        _check_args(x, topk_ids, topk_weights, w1, w3, w2, num_experts, world)
+        if max_tokens is None:
+            raise C.InvalidArgument("max_tokens", "max_tokens: the symm_mem exchange sizes its buffers by the most "
+                                    "tokens a rank passes; give it")
+        plan = plan_dispatch(topk_ids, num_experts, world, chunks)
+        y = ep_step_device(x, topk_weights, w1, w3, w2, plan, group, engine, max_tokens)
+        return EPOutput(y, plan.send_counts.reshape(-1).to(torch.int32), topk_weights.new_empty(0))
     ex = Exchange(group)
     _check_args(x, topk_ids, topk_weights, w1, w3, w2, num_experts, ex.world)
     plan = plan_dispatch(topk_ids, num_experts, ex.world, chunks)
     recv_counts = ex.counts(plan.send_counts)
     splits = host_splits(plan.send_counts, recv_counts, chunks, plan.slots)
-    if engine is None:
-        engine = default_engine(x, activation, checkpoint, tiles)
     step = _Step(ex, engine, plan, splits, recv_counts)
     y = _ExpertParallel.apply(x, topk_weights, w1, w3, w2, step)
     return EPOutput(y, plan.send_counts.reshape(-1).to(torch.int32), topk_weights.new_empty(0))
@@ -215,9 +237,11 @@ class EPExperts(torch.nn.Module):
     another mesh dimension than the rest of the layer (fully_shard_ep)."""
 
     def __init__(self, num_experts: int, experts_local: int, hidden: int, ffn: int, gated: bool, group,
-                 chunks: int, engine, device=None, dtype=torch.bfloat16):
+                 chunks: int, engine, device=None, dtype=torch.bfloat16, exchange: str = "all_to_all",
+                 max_tokens: Optional[int] = None):
         super().__init__()
         self.num_experts, self.group, self.chunks, self.engine = num_experts, group, chunks, engine
+        self.exchange, self.max_tokens = exchange, max_tokens
         kw = dict(device=device, dtype=dtype)
         self.w1 = torch.nn.Parameter(torch.empty(experts_local, ffn, hidden, **kw))
         self.w3 = torch.nn.Parameter(torch.empty(experts_local, ffn, hidden, **kw)) if gated else None
@@ -225,7 +249,8 @@ class EPExperts(torch.nn.Module):
 
     def forward(self, x: Tensor, topk_ids: Tensor, topk_weights: Tensor) -> EPOutput:
         return ep_moe(x, self.w1, self.w3, self.w2, topk_ids, topk_weights, num_experts=self.num_experts,
-                      group=self.group, chunks=self.chunks, engine=self.engine)
+                      group=self.group, chunks=self.chunks, engine=self.engine, exchange=self.exchange,
+                      max_tokens=self.max_tokens)
 
 
 class EPMoE(torch.nn.Module):
@@ -233,15 +258,18 @@ class EPMoE(torch.nn.Module):
     moeblaze.torch.MoE (same weight layout, router and options) where this rank holds experts
     [rank E/ep, (rank+1) E/ep). ep_group, or mesh (a DeviceMesh) and ep_dim, name the group;
     default: the world. chunks: see ep_moe. engine: the local expert compute (default:
-    moeblaze on CUDA, plain PyTorch elsewhere). With router=None, forward takes topk_ids
-    (global ids) and topk_weights."""
+    moeblaze on CUDA, plain PyTorch elsewhere). exchange, max_tokens: see ep_moe. With
+    router=None, forward takes topk_ids (global ids) and topk_weights."""
 
     def __init__(self, num_experts: int, top_k: int, hidden: int, ffn: int, *, ep_group=None, mesh=None,
                  ep_dim: Optional[str] = None, activation: str = "swiglu", router: Optional[str] = "softmax",
                  renormalize: bool = False, route_scale: float = 1.0, checkpoint: str = "save-h", chunks: int = 1,
-                 tiles: str = "tuned", engine=None, device=None, dtype=torch.bfloat16):
+                 tiles: str = "tuned", engine=None, exchange: str = "all_to_all", max_tokens: Optional[int] = None,
+                 device=None, dtype=torch.bfloat16):
         super().__init__()
         import torch.distributed as dist
+        if exchange not in EXCHANGES:
+            raise C.InvalidArgument("exchange", f"exchange: '{exchange}' is not one of {', '.join(EXCHANGES)}")
         if activation not in C.ACTIVATIONS:
             raise C.InvalidArgument("activation", f"activation: '{activation}' is not one of {sorted(C.ACTIVATIONS)}")
         if router not in C.ROUTERS:
@@ -264,7 +292,7 @@ class EPMoE(torch.nn.Module):
         self.num_experts, self.top_k, self.hidden, self.ffn = num_experts, top_k, hidden, ffn
         self.activation, self.router, self.renormalize, self.route_scale = activation, router, renormalize, route_scale
         self.experts = EPExperts(num_experts, local, hidden, ffn, activation in ("swiglu", "geglu"), group, chunks,
-                                 engine, device, dtype)
+                                 engine, device, dtype, exchange, max_tokens)
         self.gate = torch.nn.Linear(hidden, num_experts, bias=False, device=device, dtype=dtype) if router else None
         if router == "sigmoid":
             self.register_buffer("e_score_correction_bias", torch.zeros(num_experts, device=device,

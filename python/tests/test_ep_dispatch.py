@@ -6,8 +6,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from moeblaze import InvalidArgument  # noqa: E402
-from moeblaze._dispatch import (chunk_counts, check_layout, gather_sum, host_splits, plan_dispatch,  # noqa: E402
-                                received_expert_ids, scatter_slots, sent_bytes)
+from moeblaze._dispatch import (chunk_counts, check_layout, gather_sum, host_splits, padded_expert_ids,  # noqa: E402
+                                plan_dispatch, received_expert_ids, scatter_slots, sent_bytes)
 
 
 def random_ids(T, K, E, seed):
@@ -165,3 +165,12 @@ def test_simulated_round_trip_and_combine():
         want_slots = tok[:, None] * 100 + ids_per_rank[r].double()
         assert torch.equal(scatter_slots(back, p.position), want_slots)
         assert torch.equal(gather_sum(back[:, None], p.position, torch.float64)[:, 0], want_slots.sum(1))
+
+
+def test_padded_expert_ids_mark_the_rows_past_the_received_ones():
+    recv = torch.tensor([[2, 0, 1], [0, 3, 1]])  # from 2 ranks, 3 local experts
+    ids = padded_expert_ids(recv, 10)
+    assert ids.tolist() == [0, 0, 2, 1, 1, 1, 2, 3, 3, 3]
+    assert ids.dtype == torch.int32
+    assert torch.equal(ids[:7], received_expert_ids(recv, 0, 1, 7))
+    assert padded_expert_ids(torch.zeros(2, 3, dtype=torch.long), 4).tolist() == [3] * 4
