@@ -5,7 +5,8 @@ backward, and saves what it got for the test to compare.
     python ep_worker.py CONFIG_JSON RANK
 
 Modes (a case's "mode"):
-- "ep": EP over the world for each chunk count of config "chunks", then EP = 1 on rank 0
+- "ep": EP over the world for each chunk count of config "chunks" ("world_c<chunks>"), then
+  EP = 1 ("ep1_c<chunks>") on rank 0
   alone (a one-rank group) over the whole batch, the batches of the ranks concatenated in
   rank order, for each chunk count again; with config "plain" also moeblaze.torch.moe on
   the whole batch (rank 0).
@@ -73,7 +74,8 @@ def run_ep(cfg, data, dev, rows, experts, group, chunks):
     gates = leaf(data["gates"][r0:r1], gdt, dev)
     w = [leaf(data[k][e0:e1] if data[k] is not None else None, dt, dev) for k in ("w1", "w3", "w2")]
     out = ep_moe(x, w[0], w[1], w[2], data["ids"][r0:r1].to(dev), gates, num_experts=cfg["E"], group=group,
-                 chunks=chunks, engine=engine_of(cfg))
+                 chunks=chunks, engine=engine_of(cfg), exchange=cfg.get("exchange", "all_to_all"),
+                 max_tokens=cfg.get("max_tokens"))
     out.y.backward(data["dy"][r0:r1].to(dev, dt))
     res = dict(y=out.y, dx=x.grad, dgates=gates.grad, dw1=w[0].grad, dw2=w[2].grad, counts=out.expert_counts)
     if w[1] is not None:
@@ -103,8 +105,10 @@ def mode_ep(cfg, rank, world, dev):
     local = cfg["E"] // world
     results = {}
     for chunks in cfg["chunks"]:
-        results[f"ep{world}_c{chunks}"] = run_ep(cfg, data, dev, (start, start + T[rank]),
+        results[f"world_c{chunks}"] = run_ep(cfg, data, dev, (start, start + T[rank]),
                                                  (rank * local, (rank + 1) * local), None, chunks)
+    if not cfg.get("solo", True):
+        return results
     solo = dist.new_group([0])  # every rank takes part in creating it
     if rank == 0:
         for chunks in cfg["chunks"]:
@@ -162,12 +166,13 @@ def mode_fsdp(cfg, rank, world, dev):
 
 
 def main():
-    """argv[1]: {"world", "backend", "device", "init_file", "out_dir", "cases": [case, ...]};
+    """argv[1]: {"world", "backend", "device", "init_file", "out_dir", "cases": [case, ...]}
+    ("device": "cpu", "cuda:0" for every rank on one GPU, or "cuda:{rank}");
     every case runs in this one process group (process start-up is the slow part)."""
     cfg = json.loads(sys.argv[1])
     rank = int(sys.argv[2])
     world = cfg["world"]
-    dev = torch.device(cfg.get("device", "cpu"))
+    dev = torch.device(cfg.get("device", "cpu").format(rank=rank))  # "cuda:{rank}": one GPU per rank
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     dist.init_process_group(cfg.get("backend", "gloo"), init_method="file://" + cfg["init_file"], rank=rank,
@@ -175,7 +180,6 @@ def main():
     try:
         results = []
         for case in cfg["cases"]:
-            case = dict(case, device=cfg.get("device", "cpu"))
             run = mode_ep if case["mode"] == "ep" else mode_fsdp
             results.append(run(case, rank, world, dev))
         torch.save(results, os.path.join(cfg["out_dir"], f"rank{rank}.pt"))

@@ -34,10 +34,10 @@ def check_ep_equals_ep1(res, cfg, world):
             if k not in ep1:
                 continue
             # tokens and experts are both in rank order: concatenating the ranks' parts gives EP = 1's
-            got = torch.cat([res[r][f"ep{world}_c{chunks}"][k] for r in range(world)])
+            got = torch.cat([res[r][f"world_c{chunks}"][k] for r in range(world)])
             assert bitwise_equal(got, ep1[k]), (chunks, k)
             assert bitwise_equal(got, res[0][f"ep1_c{cfg['chunks'][0]}"][k]), ("chunk counts differ", chunks, k)
-        counts = sum(res[r][f"ep{world}_c{chunks}"]["counts"].long() for r in range(world))
+        counts = sum(res[r][f"world_c{chunks}"]["counts"].long() for r in range(world))
         assert counts.sum().item() == sum(cfg["T"]) * cfg["K"] and counts.shape == (E,)
     assert local * world == E
 
