@@ -142,11 +142,16 @@ def padded_expert_ids(recv_counts: Tensor, rows: int) -> Tensor:
     return torch.where(seg < W * local, seg % local, torch.full_like(seg, local)).to(torch.int32)
 
 
-def gather_sum(rows: Tensor, position: Tensor, out_dtype: torch.dtype) -> Tensor:
+def gather_sum(rows: Tensor, position: Tensor, out_dtype: torch.dtype, kernel: bool = True) -> Tensor:
     """out[t] = sum over j = 0 .. K-1, in that order, of rows[position[t, j]], accumulated in
     (at least) float32 and rounded once. Elementwise adds only: the result of a token does not
     depend on how many tokens, ranks or chunks there are (a reduction kernel could pick its
-    order by shape). This is the combine in forward and the token gradient in backward."""
+    order by shape). This is the combine in forward and the token gradient in backward. On a
+    GPU with Triton one kernel (_gather_sum_kernel) gives the same bits in one pass;
+    kernel=False forces the PyTorch form."""
+    from . import _gather_sum_kernel
+    if kernel and _gather_sum_kernel.available(rows) and out_dtype in (torch.bfloat16, torch.float16, torch.float32):
+        return _gather_sum_kernel.gather_sum(rows, position, out_dtype)
     acc_dtype = torch.promote_types(rows.dtype, torch.float32)
     T, K = position.shape
     if T == 0:

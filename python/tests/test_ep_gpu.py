@@ -64,3 +64,20 @@ def test_ep2_on_one_gpu_equals_ep1_bitwise(tmp_path, cache_env):
                 assert bitwise_equal(got, ep1[k]), (i, chunks, k)
                 assert bitwise_equal(ep1[k], res[0][i]["ep1_c1"][k]), (i, "chunks change bits", chunks, k)
     assert_close_to(res[0][0]["ep1_c1"], res[0][0]["plain"])
+
+
+@pytest.mark.parametrize("K,d,dtype", [(8, 7168, torch.bfloat16), (1, 256, torch.bfloat16), (3, 200, torch.float32)])
+def test_gather_sum_kernel_gives_the_pytorch_bits(K, d, dtype):
+    from moeblaze import _gather_sum_kernel
+    from moeblaze._dispatch import gather_sum
+    if not _gather_sum_kernel.available(torch.empty(1, 1, device="cuda", dtype=dtype)):
+        pytest.skip("no Triton")
+    torch.manual_seed(K)
+    T = 1000
+    rows = torch.randn(T * K + 17, d, device="cuda").to(dtype)
+    rows[::7, ::3] = -0.0  # a sum that starts at -0.0 must stay -0.0
+    position = torch.randperm(T * K + 17, device="cuda")[:T * K].view(T, K)
+    got = gather_sum(rows, position, dtype)
+    want = gather_sum(rows, position, dtype, kernel=False)
+    assert bitwise_equal(got, want)
+    assert got.float().abs().sum() > 0
