@@ -13,7 +13,9 @@ tensor, and the receiver's row count never reaches the host:
 So the whole EP step, routing to combine, is a fixed sequence of kernels and collectives.
 
 Costs: moeblaze's saved state and scratch are planned for rows_max rows (ep_size times the
-balanced case), and a received-rows copy of that size is kept for backward. No chunked
+balanced case), a received-rows copy of that size is kept for backward, and the symmetric
+buffers (send and receive, for the dispatch and the combine direction) are rows_max rows each
+(deepseek-v3, ep 2, 16384 tokens: 3.8 GB each, 15 GB in all). No chunked
 overlap on this path (chunks = 1), and ids outside [0, E) are not reported (the NCCL path
 finds them in its host copy).
 
@@ -26,6 +28,7 @@ written): tests/test_ep_multi_gpu.py checks it against the NCCL path where it ca
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, Tuple
 
 import torch
@@ -87,9 +90,12 @@ class DeviceStep:
 
     def exchange(self, name: str, rows: Tensor, splits_rows: Tensor, out_rows: int) -> Tuple[Tensor, Tensor]:
         """rows [R, w...] (R <= the send buffer) go out by splits_rows (device, rows per rank);
-        returns (the first out_rows received rows, the received rows per rank)."""
+        returns (the first out_rows received rows, the received rows per rank). `name` picks the
+        buffers: "dispatch" and "combine" (and their "_gates") alternate in every step, so a buffer is written again
+        only after another collective, whose entry every rank must have reached, has run: no
+        rank's puts can land in a buffer another rank is still reading."""
         b = self.bufs
-        width = rows[0].numel() if rows.dim() > 1 else 1
+        width = math.prod(rows.shape[1:])
         send = b.get(name + ".send", max(self.rows_max, 1) * width, rows.dtype, rows.device)
         recv = b.get(name + ".recv", max(self.rows_max, 1) * width, rows.dtype, rows.device)
         send[:rows.numel()].copy_(rows.reshape(-1))
@@ -108,13 +114,14 @@ class _ExpertParallelDevice(torch.autograd.Function):
         send_rows = plan.send_counts.sum(1)
         tok = plan.send_tokens()
         # received rows, cloned out of the reused symmetric buffers: backward needs them
-        rows, recv_rows = step.exchange("x", x.index_select(0, tok), send_rows, step.rows_max)
+        rows, recv_rows = step.exchange("dispatch", x.index_select(0, tok), send_rows, step.rows_max)
         rows = rows.clone()
-        g, _ = step.exchange("g", gates.reshape(-1, 1).index_select(0, plan.order), send_rows, step.rows_max)
+        g, _ = step.exchange("dispatch_gates", gates.reshape(-1, 1).index_select(0, plan.order), send_rows,
+                             step.rows_max)
         g = g.reshape(-1).clone()
         ids = padded_expert_ids(step.recv_counts, step.rows_max)
         out, state = step.engine.forward(rows, ids, g, w1, w3, w2)
-        back, _ = step.exchange("x", out, recv_rows, plan.slots)
+        back, _ = step.exchange("combine", out, recv_rows, plan.slots)
         ctx.step, ctx.state, ctx.send_rows, ctx.recv_rows = step, state, send_rows, recv_rows
         ctx.x_dtype, ctx.gate_dtype = x.dtype, gates.dtype
         ctx.set_materialize_grads(False)
@@ -129,12 +136,12 @@ class _ExpertParallelDevice(torch.autograd.Function):
         step, state = ctx.step, ctx.state
         ctx.state = None
         plan = step.plan
-        d_rows, _ = step.exchange("x", dy.contiguous().index_select(0, plan.send_tokens()), ctx.send_rows,
+        d_rows, _ = step.exchange("dispatch", dy.contiguous().index_select(0, plan.send_tokens()), ctx.send_rows,
                                   step.rows_max)
         d_x, d_g, dw1, dw3, dw2 = step.engine.backward(state, d_rows)
-        dx_back, _ = step.exchange("x", d_x, ctx.recv_rows, plan.slots)
+        dx_back, _ = step.exchange("combine", d_x, ctx.recv_rows, plan.slots)
         dx = gather_sum(dx_back, plan.position, ctx.x_dtype)
-        dg_back, _ = step.exchange("g", d_g.reshape(-1, 1), ctx.recv_rows, plan.slots)
+        dg_back, _ = step.exchange("combine_gates", d_g.reshape(-1, 1), ctx.recv_rows, plan.slots)
         return dx, scatter_slots(dg_back.reshape(-1), plan.position), dw1, dw3, dw2, None
 
 
