@@ -45,7 +45,8 @@ SHAPES = {s["name"]: s for s in json.loads((HERE / "suite.json").read_text())["s
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="deepseek-v3", choices=sorted(SHAPES))
     p.add_argument("--tokens", type=int, help="tokens per GPU (default: the suite's T)")
     p.add_argument("--experts", type=int, help="override E (e.g. E/2 to run EP=2's per-GPU experts on one GPU)")

@@ -46,7 +46,8 @@ class _Step:
     """What one EP layer call needs besides tensors (passed through autograd as one object)."""
 
     def __init__(self, exchange: Exchange, engine, plan: DispatchPlan, splits: HostSplits, recv_counts: Tensor):
-        self.exchange, self.engine, self.plan, self.splits, self.recv_counts = exchange, engine, plan, splits, recv_counts
+        self.exchange, self.engine, self.plan = exchange, engine, plan
+        self.splits, self.recv_counts = splits, recv_counts
 
 
 def _chunk_weights(w1, w3, w2, lo: int, hi: int):

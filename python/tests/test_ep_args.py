@@ -28,7 +28,8 @@ def args(T=6, K=2, E=4, d=8, n=8):
     x = torch.randn(T, d, generator=g, dtype=torch.float64)
     ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).int()
     gates = torch.rand(T, K, generator=g, dtype=torch.float64)
-    w1, w3 = torch.randn(E, n, d, generator=g, dtype=torch.float64), torch.randn(E, n, d, generator=g, dtype=torch.float64)
+    w1 = torch.randn(E, n, d, generator=g, dtype=torch.float64)
+    w3 = torch.randn(E, n, d, generator=g, dtype=torch.float64)
     w2 = torch.randn(E, d, n, generator=g, dtype=torch.float64)
     return x, w1, w3, w2, ids, gates
 
