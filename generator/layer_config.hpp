@@ -39,7 +39,7 @@ std::string to_string(RouterKind r);
 Activation parse_activation(const std::string& s);  // throws InvalidArgument("activation", ...)
 RouterKind parse_router(const std::string& s);      // "none", "softmax", "sigmoid"
 
-// Model shapes known by name: the benchmark suite (shared/suite.json) and a few more.
+// Model shapes known by name: the benchmark suite (bench/suite.json) and a few more.
 struct Preset {
   std::string name;
   LayerConfig layer;

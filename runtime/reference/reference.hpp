@@ -23,7 +23,7 @@ namespace moeblaze::reference {
 double activation(Activation act, double a);             // act(a) (the gate part)
 double activation_grad(Activation act, double a);        // d act / d a
 
-// ---- index structures (DESIGN.md 1.2) ---------------------------------------------
+// ---- index structures (docs/design.md "Index arrays") ---------------------------
 struct IndexArrays {
   std::vector<int32_t> expert_token_indices;  // T*K: token ids grouped by expert, ascending
   std::vector<int32_t> expert_token_offsets;  // E+1: exclusive prefix sum of counts
