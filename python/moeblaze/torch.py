@@ -10,13 +10,14 @@
 from __future__ import annotations
 
 import ctypes
+import warnings
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from . import _capi as C
-from ._validate import TensorInfo, check_moe_args
+from ._validate import INT32_MAX, INT64_MAX, TensorInfo, check_device, check_int, check_moe_args, check_real
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32", torch.int32: "i32"}
 _STATE_BYTES = ctypes.sizeof(C.State)
@@ -49,6 +50,22 @@ def _bucket(tokens: int) -> int:
     return b
 
 
+_notices_shown: set = set()
+
+
+def _show_notices(h) -> None:
+    """Says once per process what a layer's creation noticed (an unusable or read-only cache, a
+    tuned winner that was not a tile): the layer runs, but the user should know why it may be
+    slower or compile every time."""
+    buf = ctypes.create_string_buffer(1 << 14)
+    if C.lib.mb_layer_notices(h, buf, len(buf)) != C.OK:
+        return
+    for line in buf.value.decode(errors="replace").splitlines():
+        if line and line not in _notices_shown:
+            _notices_shown.add(line)
+            warnings.warn(f"moeblaze: {line}", RuntimeWarning, stacklevel=3)
+
+
 def _layer(cfg: C.LayerConfig, device: int, tokens: int, default_tiles: bool = False):
     key = (tuple(getattr(cfg, f) for f, _ in C.LayerConfig._fields_), device, _bucket(tokens), default_tiles)
     h = _layers.get(key)
@@ -59,12 +76,23 @@ def _layer(cfg: C.LayerConfig, device: int, tokens: int, default_tiles: bool = F
         cache = b"" if default_tiles else None
         C.check(C.lib.mb_layer_create(ctypes.byref(cfg), device, cache, tokens, ctypes.byref(h)))
         _layers[key] = h
+        _show_notices(h)
     return h
 
 
 def _default_tiles(cfg: Sequence[int]) -> bool:
     """cfg's optional 8th entry: 1 runs the default tiles (see _layer)."""
     return len(cfg) > 7 and bool(cfg[7])
+
+
+def _release_layers() -> None:
+    """Destroys every loaded layer (their kernels are reloaded on next use). Work already queued
+    on the GPU may still run their kernels, so the device is synchronised first."""
+    if _layers and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    while _layers:
+        _, h = _layers.popitem()
+        C.lib.mb_layer_destroy(h)
 
 
 def layer_report(cfg: Sequence[int], route_scale: float, device: int, tokens: int) -> str:
@@ -201,13 +229,24 @@ class MoEOutput(NamedTuple):
     gates: Tensor          # f32 [T, K]: the built-in router's gates (empty with caller routing)
 
 
-def _cfg_list(experts, topk, hidden, ffn, activation, router, renormalize) -> List[int]:
+def _cfg_list(experts, topk, hidden, ffn, activation, router, renormalize,
+              names=("experts", "topk", "hidden", "ffn")) -> List[int]:
+    """The config as the custom ops take it; each count checked to fit a C int (ctypes would
+    otherwise cut 2**32 + 8 to 8) under the caller's name for it."""
     if activation not in C.ACTIVATIONS:
         raise C.InvalidArgument("activation", f"activation: '{activation}' is not one of {sorted(C.ACTIVATIONS)}")
     if router not in C.ROUTERS:
         raise C.InvalidArgument("router", f"router: '{router}' is not one of softmax, sigmoid, None")
-    return [int(experts), int(topk), int(hidden), int(ffn), C.ACTIVATIONS[activation], C.ROUTERS[router],
-            int(bool(renormalize))]
+    counts = [check_int(name, v, 1, INT32_MAX) for name, v in zip(names, (experts, topk, hidden, ffn))]
+    return counts + [C.ACTIVATIONS[activation], C.ROUTERS[router], int(bool(renormalize))]
+
+
+def _check_devices(**tensors) -> None:
+    """Every given tensor on a CUDA device, checked before dispatch (the ops are registered for
+    CUDA only, and torch would answer with NotImplementedError)."""
+    for name, t in tensors.items():
+        if t is not None:
+            check_device(name, t.device.type)
 
 
 def moe(x: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor, *, topk_ids: Optional[Tensor] = None,
@@ -219,6 +258,9 @@ def moe(x: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor, *, topk_ids: Op
     [E,d], router="softmax" or "sigmoid" and top_k. x [T,d] bf16, w1/w3 [E,n,d], w2 [E,d,n] bf16."""
     if checkpoint not in C.MODES:
         raise C.InvalidArgument("checkpoint", f"checkpoint: '{checkpoint}' is not one of save-h, recompute")
+    _check_devices(x=x, w1=w1, w3=w3, w2=w2, topk_ids=topk_ids, topk_weights=topk_weights, w_router=w_router,
+                   router_bias=router_bias)
+    route_scale = check_real("route_scale", route_scale, 0.0, 1e6, positive=True)
     if w1.dim() != 3:
         raise C.InvalidArgument("w1", f"w1: must be [E, n, d], got shape {list(w1.shape)}")
     E, n, d = w1.shape
@@ -229,7 +271,7 @@ def moe(x: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor, *, topk_ids: Op
             raise C.InvalidArgument("topk_ids", f"topk_ids: must be [T, K], got shape {list(topk_ids.shape)}")
         K = topk_ids.shape[1]
     elif top_k is not None:
-        K = top_k
+        K = check_int("top_k", top_k, 1, INT32_MAX)
     else:
         raise C.InvalidArgument("topk_ids", "topk_ids: pass the caller's picks, or top_k with the built-in router")
     cfg = _cfg_list(E, K, d, n, activation, router, renormalize)
@@ -251,8 +293,14 @@ class MoE(torch.nn.Module):
             raise C.InvalidArgument("dtype", "dtype: moeblaze runs bf16 weights")
         if checkpoint not in C.MODES:
             raise C.InvalidArgument("checkpoint", f"checkpoint: '{checkpoint}' is not one of save-h, recompute")
-        self.cfg = _cfg_list(num_experts, top_k, hidden, ffn, activation, router, renormalize)
-        C.make_config(num_experts, top_k, hidden, ffn, activation, router, renormalize, route_scale)  # validates
+        self.cfg = _cfg_list(num_experts, top_k, hidden, ffn, activation, router, renormalize,
+                             names=("num_experts", "top_k", "hidden", "ffn"))
+        route_scale = check_real("route_scale", route_scale, 0.0, 1e6, positive=True)
+        try:  # the library's own checks (ranges, K <= E, multiples of 8), named as this signature names them
+            C.make_config(num_experts, top_k, hidden, ffn, activation, router, renormalize, route_scale)
+        except C.InvalidArgument as e:
+            name = {"experts": "num_experts", "topk": "top_k"}.get(e.argument, e.argument)
+            raise C.InvalidArgument(name, str(e).replace(f"{e.argument}:", f"{name}:", 1)) from None
         self.route_scale, self.checkpoint, self.activation, self.router = float(route_scale), checkpoint, activation, router
         kw = dict(device=device, dtype=dtype)
         self.w1 = torch.nn.Parameter(torch.empty(num_experts, ffn, hidden, **kw))
@@ -277,6 +325,9 @@ class MoE(torch.nn.Module):
 
     def forward(self, hidden_states: Tensor, topk_ids: Optional[Tensor] = None,
                 topk_weights: Optional[Tensor] = None) -> MoEOutput:
+        # "x" is what the op and every message call the input.
+        _check_devices(x=hidden_states, w1=self.w1, w3=self.w3, w2=self.w2, topk_ids=topk_ids,
+                       topk_weights=topk_weights, w_router=self.gate.weight if self.gate is not None else None)
         lead = hidden_states.shape[:-1]
         x = hidden_states.reshape(-1, hidden_states.shape[-1])
         self.tokens_seen.add(int(x.shape[0]))
@@ -323,6 +374,9 @@ def tune(model: torch.nn.Module, tokens: Optional[Sequence[int]] = None, cache_p
     """Tunes every distinct MoE shape in `model` into the cache that the CLI and training
     processes share. tokens: token counts per step (default: the counts the layers have seen)."""
     import json
+    budget_s = check_real("budget_s", budget_s, 0.0, 30 * 24 * 3600.0, positive=True)
+    if tokens is not None:
+        tokens = [check_int("tokens", t, 1, INT64_MAX) for t in tokens]
     seen = {}
     for m in model.modules():
         if isinstance(m, MoE):
@@ -331,14 +385,18 @@ def tune(model: torch.nn.Module, tokens: Optional[Sequence[int]] = None, cache_p
     if not seen:
         raise C.InvalidArgument("model", "model: has no moeblaze.torch.MoE layer")
     reports = []
-    for (cfg, scale), toks in seen.items():
-        if not toks:
-            raise C.InvalidArgument("tokens", "tokens: run the model once or pass tokens=[...]")
-        arr = (ctypes.c_int64 * len(toks))(*sorted(toks))
-        buf = ctypes.create_string_buffer(1 << 16)
-        c = _config(cfg, scale)
-        C.check(C.lib.mb_tune(ctypes.byref(c), arr, len(toks), cache_path.encode() if cache_path else None,
-                              float(budget_s), buf, len(buf)))
-        reports.append(json.loads(buf.value.decode()))
-    _layers.clear()  # reload tuned kernels on next use
+    try:
+        for (cfg, scale), toks in seen.items():
+            if not toks:
+                raise C.InvalidArgument("tokens", "tokens: run the model once or pass tokens=[...]")
+            arr = (ctypes.c_int64 * len(toks))(*sorted(toks))
+            buf = ctypes.create_string_buffer(1 << 16)
+            c = _config(cfg, scale)
+            C.check(C.lib.mb_tune(ctypes.byref(c), arr, len(toks), cache_path.encode() if cache_path else None,
+                                  budget_s, buf, len(buf)))
+            reports.append(json.loads(buf.value.decode()))
+    finally:
+        # The loaded layers hold the kernels from before tuning: destroyed (not only forgotten,
+        # which leaked their modules), so the next use loads the tuned ones.
+        _release_layers()
     return reports
