@@ -59,15 +59,23 @@ def _show_notices(h) -> None:
             warnings.warn(f"moeblaze: {line}", RuntimeWarning, stacklevel=3)
 
 
-def _layer(cfg: C.LayerConfig, device: int, tokens: int):
-    key = (tuple(getattr(cfg, f) for f, _ in C.LayerConfig._fields_), device, C.token_bucket(tokens))
+def _layer(cfg: C.LayerConfig, device: int, tokens: int, default_tiles: bool = False):
+    key = (tuple(getattr(cfg, f) for f, _ in C.LayerConfig._fields_), device, C.token_bucket(tokens), default_tiles)
     h = _layers.get(key)
     if h is None:
         h = ctypes.c_void_p()
-        C.check(C.lib.mb_layer_create(ctypes.byref(cfg), device, None, tokens, ctypes.byref(h)))
+        # default_tiles: no cache at all ("" = the default tiles, compiled here), so that the
+        # tiles cannot depend on what was tuned (expert parallelism's bitwise reproducibility).
+        cache = b"" if default_tiles else None
+        C.check(C.lib.mb_layer_create(ctypes.byref(cfg), device, cache, tokens, ctypes.byref(h)))
         _layers[key] = h
         _show_notices(h)
     return h
+
+
+def _default_tiles(cfg: Sequence[int]) -> bool:
+    """cfg's optional 8th entry: 1 runs the default tiles (see _layer)."""
+    return len(cfg) > 7 and bool(cfg[7])
 
 
 def _release_layers() -> None:
@@ -102,7 +110,7 @@ def _forward(x: Tensor, topk_ids: Optional[Tensor], topk_weights: Optional[Tenso
     T = check_moe_args(c, _info(x), _info(topk_ids), _info(topk_weights), _info(w_router), _info(router_bias),
                        _info(w1), _info(w3), _info(w2))
     dev = x.device.index if x.device.index is not None else 0
-    h = _layer(c, dev, T)
+    h = _layer(c, dev, T, _default_tiles(cfg))
     plan = C.MemoryPlan()
     C.check(C.lib.mb_layer_plan_memory(h, T, mode, ctypes.byref(plan)))
     saved = torch.empty(plan.saved_bytes, dtype=torch.uint8, device=x.device)
@@ -150,7 +158,7 @@ def _backward(dy: Tensor, x: Tensor, topk_weights: Optional[Tensor], w_router: O
     if tuple(dy.shape) != (T, c.hidden):
         raise C.InvalidArgument("dy", f"dy: has shape {list(dy.shape)}, expected {[T, c.hidden]}")
     dev = x.device.index if x.device.index is not None else 0
-    h = _layer(c, dev, T)
+    h = _layer(c, dev, T, _default_tiles(cfg))
     plan = C.MemoryPlan()
     C.check(C.lib.mb_layer_plan_memory(h, T, st.mode, ctypes.byref(plan)))
     scratch = torch.empty(plan.backward_scratch_bytes, dtype=torch.uint8, device=x.device)
