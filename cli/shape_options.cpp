@@ -15,6 +15,9 @@ void ShapeOptions::add(CLI::App* cmd, bool with_tokens) {
   cmd->add_option("--router", router, "none | softmax | sigmoid (default: the preset's, else none)");
   cmd->add_flag("--renormalize", renormalize, "renormalise gates over the K picks (explicit shapes)");
   cmd->add_option("--route-scale", route_scale, "gate scale factor (explicit shapes)");
+  cmd->add_option("--weight-layout", weight_layout,
+                  "separate (W1, W3 [E,n,d]) | fused (one gate_up [E,2n,d], the Hugging Face layout)")
+      ->capture_default_str();
   if (with_tokens) cmd->add_option("--tokens,-T", tokens, "tokens per step T (default: the preset's)");
 }
 
@@ -37,6 +40,11 @@ LayerConfig ShapeOptions::layer() const {
   }
   l.activation = parse_activation(activation);
   if (!router.empty()) l.router = parse_router(router);
+  try {
+    l.weight_layout = parse_weight_layout(weight_layout);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument("--weight-layout", e.what());
+  }
   l.validate();
   return l;
 }

@@ -65,7 +65,7 @@ std::string shape_arguments(const KernelSpec& s) {
     case KernelFamily::index_scatter: return fmt::format("{}, {}", E, K);
     case KernelFamily::up_proj:
     case KernelFamily::up_dgrad:
-    case KernelFamily::up_wgrad: return fmt::format("{}, {}, {}, {}", E, D, N, act);
+    case KernelFamily::up_wgrad: return fmt::format("{}, {}, {}, {}, {}", E, D, N, act, s.layer.w1_rows());
     case KernelFamily::down_proj:
     case KernelFamily::down_wgrad: return fmt::format("{}, {}, {}", E, D, N);
     case KernelFamily::down_dgrad: return fmt::format("{}, {}, {}, {}, {}", E, K, D, N, act);
@@ -180,7 +180,11 @@ std::string KernelSpec::name() const {
     case KernelFamily::up_proj:
     case KernelFamily::down_dgrad:
     case KernelFamily::up_wgrad:
-    case KernelFamily::up_dgrad: n += "_" + moeblaze::to_string(layer.activation); break;
+    case KernelFamily::up_dgrad:
+      n += "_" + moeblaze::to_string(layer.activation);
+      // The up-side kernels read (and write) W1/W3 in the layer's layout.
+      if (layer.fused_gate_up() && family != KernelFamily::down_dgrad) n += "_fused";
+      break;
     case KernelFamily::router_topk:
     case KernelFamily::router_backward:
       n += "_" + moeblaze::to_string(layer.router) + (layer.renormalize ? "_renorm" : ""); break;

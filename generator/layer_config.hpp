@@ -23,12 +23,18 @@ struct LayerConfig {
   RouterKind router = RouterKind::none;
   bool renormalize = false;  // gates renormalised over the K picks
   float route_scale = 1.f;   // gates multiplied by this (DeepSeek-V3: 2.5)
+  // W1/W3 as two [E,n,d] tensors or one fused gate_up [E,2n,d] (compiled into the up-side
+  // kernels: their expert stride).
+  WeightLayout weight_layout = WeightLayout::separate;
 
   // Throws InvalidArgument naming the field: E in [1,512], K in [1, min(E,16)], d and n
-  // positive multiples of 8.
+  // positive multiples of 8, a fused gate_up only with a gated activation.
   void validate() const;
   std::string describe() const;  // "E=128 K=8 d=2048 n=768 swiglu router=softmax_topk(renorm)"
   int gate_parts() const { return is_gated(activation) ? 2 : 1; }
+  bool fused_gate_up() const { return weight_layout == WeightLayout::fused_gate_up; }
+  // Rows of one expert in the W1 tensor (and dW1): n, or 2n for a fused gate_up.
+  int w1_rows() const { return fused_gate_up() ? 2 * shape.ffn : shape.ffn; }
 };
 
 constexpr int kMaxExperts = 512;
@@ -38,6 +44,8 @@ std::string to_string(Activation a);
 std::string to_string(RouterKind r);
 Activation parse_activation(const std::string& s);  // throws InvalidArgument("activation", ...)
 RouterKind parse_router(const std::string& s);      // "none", "softmax", "sigmoid"
+std::string to_string(WeightLayout w);
+WeightLayout parse_weight_layout(const std::string& s);  // "separate", "fused"
 
 // Model shapes known by name: the benchmark suite (shared/suite.json) and a few more.
 struct Preset {

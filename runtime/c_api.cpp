@@ -76,6 +76,9 @@ LayerConfig to_layer(const mb_layer_config* c) {
   l.router = static_cast<RouterKind>(c->router);
   l.renormalize = c->renormalize != 0;
   l.route_scale = c->route_scale;
+  if (c->weight_layout < MB_WEIGHTS_SEPARATE || c->weight_layout > MB_WEIGHTS_FUSED_GATE_UP)
+    throw InvalidArgument("weight_layout", fmt::format("{} is not an mb_weight_layout", c->weight_layout));
+  l.weight_layout = static_cast<WeightLayout>(c->weight_layout);
   l.validate();
   return l;
 }
@@ -88,7 +91,8 @@ mb_layer_config from_layer(const LayerConfig& l) {
                          static_cast<int32_t>(l.activation),
                          static_cast<int32_t>(l.router),
                          l.renormalize ? 1 : 0,
-                         l.route_scale};
+                         l.route_scale,
+                         static_cast<int32_t>(l.weight_layout)};
 }
 
 CheckpointMode to_mode(int32_t m) {
@@ -149,6 +153,7 @@ BackwardArgs to_backward(const mb_backward_args* a) {
   b.dw_router = to_tensor(a->dw_router, "dw_router");
   b.scratch = a->scratch;
   b.scratch_bytes = a->scratch_bytes;
+  b.accumulate = a->accumulate != 0;
   return b;
 }
 

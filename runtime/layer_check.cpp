@@ -162,6 +162,18 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
   if (gated) fill_uniform(w3, std::sqrt(3.f / d), s * 16 + 3);
   fill_uniform(w2, std::sqrt(3.f / n), s * 16 + 4);
   fill_uniform(dy, 1.f, s * 16 + 5);
+  // A fused gate_up layer reads W1 and W3 from one [E,2n,d] tensor (each expert's W1 rows,
+  // then its W3 rows) and writes dW1/dW3 the same way; the reference keeps them apart.
+  const bool fused = l.fused_gate_up(), separate_w3 = gated && !fused;
+  const size_t w1_rows = static_cast<size_t>(l.w1_rows()), nd = static_cast<size_t>(n) * d;
+  std::vector<bf16> w13;
+  if (fused) {
+    w13.resize(static_cast<size_t>(E) * 2 * nd);
+    for (int e = 0; e < E; ++e) {
+      std::copy_n(w1.begin() + e * nd, nd, w13.begin() + 2 * e * nd);
+      std::copy_n(w3.begin() + e * nd, nd, w13.begin() + (2 * e + 1) * nd);
+    }
+  }
   std::vector<float> bias;
   std::vector<int32_t> ids_in;
   std::vector<float> gates_in;
@@ -181,23 +193,24 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
     b.upload(v.data(), b.size());
     return b;
   };
-  DeviceBuffer d_x = upload(x), d_w1 = upload(w1), d_w2 = upload(w2), d_dy = upload(dy);
-  DeviceBuffer d_w3 = gated ? upload(w3) : DeviceBuffer();
+  DeviceBuffer d_x = upload(x), d_w1 = upload(fused ? w13 : w1), d_w2 = upload(w2), d_dy = upload(dy);
+  DeviceBuffer d_w3 = separate_w3 ? upload(w3) : DeviceBuffer();
   DeviceBuffer d_wr = router ? upload(wr) : DeviceBuffer();
   DeviceBuffer d_bias = bias.empty() ? DeviceBuffer() : upload(bias);
   DeviceBuffer d_ids = router ? DeviceBuffer() : upload(ids_in);
   DeviceBuffer d_gates_in = router ? DeviceBuffer() : upload(gates_in);
   const size_t wbytes = o.accumulate_fp32 ? 4 : 2;
-  DeviceBuffer d_y(T * d * 2), d_dx(T * d * 2), d_dw1(w1.size() * wbytes), d_dw3(w3.size() * wbytes),
+  DeviceBuffer d_y(T * d * 2), d_dx(T * d * 2), d_dw1(E * w1_rows * d * wbytes),
+      d_dw3(separate_w3 ? w3.size() * wbytes : 0),
       d_dw2(w2.size() * wbytes), d_dwr(wr.size() * wbytes), d_dgates(TK * 4), d_gates_out(router ? TK * 4 : 0);
   DeviceBuffer saved(res.plan.saved_bytes), fscratch(res.plan.forward_scratch_bytes),
       bscratch(res.plan.backward_scratch_bytes);
   // fp32 accumulation starts from random contents: expected = initial + gradient.
   std::vector<float> acc_init1, acc_init3, acc_init2, acc_initr;
   if (o.accumulate_fp32) {
-    acc_init1.resize(w1.size());
+    acc_init1.resize(E * w1_rows * d);
     fill_uniform(acc_init1, -1.f, 1.f, s * 16 + 9);
-    acc_init3.resize(w3.size());
+    acc_init3.resize(separate_w3 ? w3.size() : 0);
     fill_uniform(acc_init3, -1.f, 1.f, s * 16 + 10);
     acc_init2.resize(w2.size());
     fill_uniform(acc_init2, -1.f, 1.f, s * 16 + 11);
@@ -220,8 +233,8 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
     fa.topk_weights = tref(d_gates_in, DType::f32, {T, K});
     fa.check_routing = true;
   }
-  fa.w1 = tref(d_w1, DType::bf16, {E, n, d});
-  if (gated) fa.w3 = tref(d_w3, DType::bf16, {E, n, d});
+  fa.w1 = tref(d_w1, DType::bf16, w1_shape(l));
+  if (separate_w3) fa.w3 = tref(d_w3, DType::bf16, {E, n, d});
   fa.w2 = tref(d_w2, DType::bf16, {E, d, n});
   fa.y = tref(d_y, DType::bf16, {T, d});
   fa.mode = o.mode;
@@ -240,8 +253,8 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
   ba.w3 = fa.w3;
   ba.w2 = fa.w2;
   ba.dx = tref(d_dx, DType::bf16, {T, d});
-  ba.dw1 = tref(d_dw1, wt, {E, n, d});
-  if (gated) ba.dw3 = tref(d_dw3, wt, {E, n, d});
+  ba.dw1 = tref(d_dw1, wt, w1_shape(l));
+  if (separate_w3) ba.dw3 = tref(d_dw3, wt, {E, n, d});
   ba.dw2 = tref(d_dw2, wt, {E, d, n});
   ba.d_topk_weights = tref(d_dgates, DType::f32, {T, K});
   if (router) ba.dw_router = tref(d_dwr, wt, {E, d});
@@ -262,7 +275,7 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
     poison(d_gates_out, true);
     if (o.accumulate_fp32) {
       d_dw1.upload(acc_init1.data(), d_dw1.size());
-      if (gated) d_dw3.upload(acc_init3.data(), d_dw3.size());
+      if (separate_w3) d_dw3.upload(acc_init3.data(), d_dw3.size());
       d_dw2.upload(acc_init2.data(), d_dw2.size());
       if (router) d_dwr.upload(acc_initr.data(), d_dwr.size());
     } else {
@@ -297,7 +310,7 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
     if (o.backward) {
       snap.add("dx", d_dx.get(), d_dx.size());
       snap.add("dw1", d_dw1.get(), d_dw1.size());
-      if (gated) snap.add("dw3", d_dw3.get(), d_dw3.size());
+      if (separate_w3) snap.add("dw3", d_dw3.get(), d_dw3.size());
       snap.add("dw2", d_dw2.get(), d_dw2.size());
       snap.add("d_topk_weights", d_dgates.get(), d_dgates.size());
       if (router) snap.add("dw_router", d_dwr.get(), d_dwr.size());
@@ -468,10 +481,11 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
       names += (names.empty() ? "" : ",") + std::to_string(e);
       const auto eg =
           reference::expert_weight_grad_rows(rw, x.data(), dy.data(), ids.data(), gates_ref.data(), T, K, e, rows);
-      const size_t nd = static_cast<size_t>(n) * d;
+      const size_t w1_e = e * w1_rows * d;  // expert e's first W1 element
       for (int i : rows) {  // rows i of dW1 and dW3
-        append(got1, grad_rows(d_dw1, acc_init1, e * nd + static_cast<size_t>(i) * d, d));
-        if (gated) append(got3, grad_rows(d_dw3, acc_init3, e * nd + static_cast<size_t>(i) * d, d));
+        append(got1, grad_rows(d_dw1, acc_init1, w1_e + static_cast<size_t>(i) * d, d));
+        if (separate_w3) append(got3, grad_rows(d_dw3, acc_init3, e * nd + static_cast<size_t>(i) * d, d));
+        if (fused) append(got3, grad_rows(d_dw1, acc_init1, w1_e + static_cast<size_t>(n + i) * d, d));
       }
       append(ref1, eg.dw1);
       if (gated) append(ref3, eg.dw3);
@@ -481,7 +495,7 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
         for (int64_t r = 0; r < R; ++r) got2.push_back(w2e[c * n + rows[r]]);
       append(ref2, eg.dw2);
       if (cnt[e] == 0) {  // exact zeros expected
-        const auto g1 = grad_rows(d_dw1, acc_init1, e * nd, nd);
+        const auto g1 = grad_rows(d_dw1, acc_init1, w1_e, w1_rows * d);  // fused: dW3 too
         const bool zero = std::all_of(g1.begin(), g1.end(), [](double v) { return v == 0.0; }) &&
                           std::all_of(w2e.begin(), w2e.end(), [](double v) { return v == 0.0; });
         res.errors.push_back({fmt::format("dW1, dW2 of empty expert {} are zero", e), zero ? 0.0 : 1.0,

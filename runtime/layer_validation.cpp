@@ -48,6 +48,8 @@ int64_t tokens_of(const TensorRef& x, const char* name) {
 
 }  // namespace
 
+std::vector<int64_t> w1_shape(const LayerConfig& l) { return {l.shape.experts, l.w1_rows(), l.shape.hidden}; }
+
 void validate_forward_args(const LayerConfig& l, int dgrad_bn, const ForwardArgs& a) {
   const int E = l.shape.experts, K = l.shape.topk, d = l.shape.hidden, n = l.shape.ffn;
   const int64_t T = tokens_of(a.x, "x");
@@ -67,8 +69,9 @@ void validate_forward_args(const LayerConfig& l, int dgrad_bn, const ForwardArgs
       expect_tensor(a.router_bias, "router_bias", DType::f32, {E});
     }
   }
-  expect_tensor(a.w1, "w1", DType::bf16, {E, n, d});
-  if (is_gated(l.activation)) expect_tensor(a.w3, "w3", DType::bf16, {E, n, d});
+  expect_tensor(a.w1, "w1", DType::bf16, w1_shape(l));
+  if (l.fused_gate_up()) expect_absent(a.w3, "w3", "given, but with a fused gate_up W3 is the second half of w1's rows");
+  else if (is_gated(l.activation)) expect_tensor(a.w3, "w3", DType::bf16, {E, n, d});
   else expect_absent(a.w3, "w3", "given, but a plain activation uses W1 alone");
   expect_tensor(a.w2, "w2", DType::bf16, {E, d, n});
   expect_tensor(a.y, "y", DType::bf16, {T, d});
@@ -83,7 +86,7 @@ void validate_backward_args(const LayerConfig& l, int dgrad_bn, const ForwardSta
     const auto& o = s.layer.shape;
     const auto& m = l.shape;
     if (o.experts != m.experts || o.topk != m.topk || o.hidden != m.hidden || o.ffn != m.ffn ||
-        s.layer.activation != l.activation || s.layer.router != l.router)
+        s.layer.activation != l.activation || s.layer.router != l.router || s.layer.weight_layout != l.weight_layout)
       throw InvalidArgument("state", fmt::format("comes from a layer of another shape ({}), this layer is {}",
                                                  s.layer.describe(), l.describe()));
   }
@@ -91,12 +94,15 @@ void validate_backward_args(const LayerConfig& l, int dgrad_bn, const ForwardSta
   const int64_t T = s.tokens;
   expect_tensor(a.dy, "dy", DType::bf16, {T, d});
   expect_tensor(a.x, "x", DType::bf16, {T, d});
-  expect_tensor(a.w1, "w1", DType::bf16, {E, n, d});
-  if (is_gated(l.activation)) expect_tensor(a.w3, "w3", DType::bf16, {E, n, d});
+  expect_tensor(a.w1, "w1", DType::bf16, w1_shape(l));
+  if (l.fused_gate_up()) expect_absent(a.w3, "w3", "given, but with a fused gate_up W3 is the second half of w1's rows");
+  else if (is_gated(l.activation)) expect_tensor(a.w3, "w3", DType::bf16, {E, n, d});
   expect_tensor(a.w2, "w2", DType::bf16, {E, d, n});
   expect_tensor(a.dx, "dx", DType::bf16, {T, d});
-  expect_tensor(a.dw1, "dw1", DType::bf16, {E, n, d}, true);
-  if (is_gated(l.activation)) {
+  expect_tensor(a.dw1, "dw1", DType::bf16, w1_shape(l), true);
+  if (l.fused_gate_up()) {
+    expect_absent(a.dw3, "dw3", "given, but with a fused gate_up dW3 is the second half of dw1's rows");
+  } else if (is_gated(l.activation)) {
     expect_tensor(a.dw3, "dw3", DType::bf16, {E, n, d}, true);
     if (a.dw3.dtype != a.dw1.dtype) throw InvalidArgument("dw3", "must have the same dtype as dw1");
   }

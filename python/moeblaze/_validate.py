@@ -68,9 +68,13 @@ def check_moe_args(cfg, x: TensorInfo, topk_ids: Optional[TensorInfo], topk_weig
             if cfg.router != 2:
                 raise InvalidArgument("router_bias", "router_bias: only the sigmoid router takes a bias")
             check_tensor("router_bias", router_bias, "f32", (E,), dev)
-    check_tensor("w1", w1, "bf16", (E, n, d), dev)
+    fused = getattr(cfg, "weight_layout", 0) == 1
+    check_tensor("w1", w1, "bf16", (E, 2 * n if fused else n, d), dev)
     gated = cfg.activation in (0, 1)
-    if gated:
+    if fused:
+        if w3 is not None:
+            raise InvalidArgument("w3", "w3: given, but with a fused gate_up W3 is the second half of w1's rows")
+    elif gated:
         check_tensor("w3", w3, "bf16", (E, n, d), dev)
     elif w3 is not None:
         raise InvalidArgument("w3", "w3: given, but a plain activation uses w1 alone")

@@ -2,10 +2,13 @@
 
 - `moe(...)`: functional form (caller's routing or the built-in router).
 - `MoE(...)`: nn.Module with weights in the Hugging Face layout (w1/w3 [E, n, d], w2 [E, d, n]).
-- Both run as torch.library custom ops ("moeblaze::forward", "moeblaze::backward"): opaque to
-  torch.compile, on the current CUDA stream, with saved state and scratch allocated through
-  torch (its memory accounting sees them; autograd frees them), and without host syncs, so a
-  step can be captured in a CUDA graph.
+- Both run as torch.library custom ops ("moeblaze::forward", "moeblaze::backward",
+  "moeblaze::backward_accumulate"): opaque to torch.compile, on the current CUDA stream, with
+  saved state and scratch allocated through torch (its memory accounting sees them; autograd
+  frees them), and without host syncs, so a step can be captured in a CUDA graph.
+- Weight gradients accumulate in the GEMM epilogues: when every expert weight already has a
+  bf16 `.grad` (micro-batches), or a Megatron-style fp32 `main_grad`, the backward adds into it
+  and hands autograd no gradient for that weight (no fresh gradient tensor, no add kernel).
 """
 from __future__ import annotations
 
@@ -35,7 +38,9 @@ def _ref(t: Optional[Tensor]) -> C.Tensor:
 
 
 def _config(cfg: Sequence[int], route_scale: float) -> C.LayerConfig:
-    return C.LayerConfig(*[int(v) for v in cfg[:7]], float(route_scale))
+    # cfg: experts, topk, hidden, ffn, activation, router, renormalize[, weight_layout]
+    layout = int(cfg[7]) if len(cfg) > 7 else 0
+    return C.LayerConfig(*[int(v) for v in cfg[:7]], float(route_scale), layout)
 
 
 # One loaded layer per (config, device, token bucket): kernels come tuned from the cache.
@@ -116,12 +121,10 @@ def _(x, topk_ids, topk_weights, w_router, router_bias, w1, w3, w2, cfg, route_s
             torch.empty(_STATE_BYTES, dtype=torch.uint8), x.new_empty((cfg[0],), dtype=torch.int32), gates)
 
 
-@torch.library.custom_op("moeblaze::backward", mutates_args=(), device_types="cuda")
-def _backward(dy: Tensor, x: Tensor, topk_weights: Optional[Tensor], w_router: Optional[Tensor],
-              router_bias: Optional[Tensor], w1: Tensor, w3: Optional[Tensor], w2: Tensor, saved: Tensor,
-              state: Tensor, cfg: List[int], route_scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Returns dx, dw1, dw3 (empty if plain), dw2, d_topk_weights (empty with the built-in
-    router), dw_router (empty without it)."""
+def _launch_backward(dy, x, topk_weights, w_router, router_bias, w1, w3, w2, saved, state, cfg, route_scale,
+                     dw1, dw3, dw2, accumulate: bool):
+    """The C ABI backward into the given weight-gradient tensors (added to when `accumulate` or
+    fp32); returns dx, d_topk_weights (empty with the built-in router), dw_router (empty without)."""
     c = _config(cfg, route_scale)
     st = C.State()
     ctypes.memmove(ctypes.addressof(st), state.data_ptr(), _STATE_BYTES)
@@ -134,9 +137,6 @@ def _backward(dy: Tensor, x: Tensor, topk_weights: Optional[Tensor], w_router: O
     C.check(C.lib.mb_layer_plan_memory(h, T, st.mode, ctypes.byref(plan)))
     scratch = torch.empty(plan.backward_scratch_bytes, dtype=torch.uint8, device=x.device)
     dx = torch.empty_like(x)
-    dw1 = torch.empty_like(w1)
-    dw3 = torch.empty_like(w3) if w3 is not None else _empty(torch.bfloat16, x.device)
-    dw2 = torch.empty_like(w2)
     dtw = torch.empty(T, c.topk, dtype=torch.float32, device=x.device) if not c.router else _empty(device=x.device)
     dwr = torch.empty_like(w_router) if w_router is not None else _empty(torch.bfloat16, x.device)
     b = C.BackwardArgs()
@@ -145,8 +145,23 @@ def _backward(dy: Tensor, x: Tensor, topk_weights: Optional[Tensor], w_router: O
                     ("dw3", dw3), ("dw2", dw2), ("d_topk_weights", dtw), ("dw_router", dwr)):
         setattr(b, name, _ref(t))
     b.scratch, b.scratch_bytes = scratch.data_ptr(), plan.backward_scratch_bytes
+    b.accumulate = int(bool(accumulate))
     stream = torch.cuda.current_stream(x.device).cuda_stream
     C.check(C.lib.mb_layer_backward(h, ctypes.byref(st), ctypes.byref(b), stream))
+    return dx, dtw, dwr
+
+
+@torch.library.custom_op("moeblaze::backward", mutates_args=(), device_types="cuda")
+def _backward(dy: Tensor, x: Tensor, topk_weights: Optional[Tensor], w_router: Optional[Tensor],
+              router_bias: Optional[Tensor], w1: Tensor, w3: Optional[Tensor], w2: Tensor, saved: Tensor,
+              state: Tensor, cfg: List[int], route_scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Returns dx, dw1, dw3 (empty if plain or fused), dw2, d_topk_weights (empty with the
+    built-in router), dw_router (empty without it)."""
+    dw1 = torch.empty_like(w1)
+    dw3 = torch.empty_like(w3) if w3 is not None else _empty(torch.bfloat16, x.device)
+    dw2 = torch.empty_like(w2)
+    dx, dtw, dwr = _launch_backward(dy, x, topk_weights, w_router, router_bias, w1, w3, w2, saved, state, cfg,
+                                    route_scale, dw1, dw3, dw2, False)
     return dx, dw1, dw3, dw2, dtw, dwr
 
 
@@ -159,6 +174,24 @@ def _(dy, x, topk_weights, w_router, router_bias, w1, w3, w2, saved, state, cfg,
             torch.empty_like(w_router) if w_router is not None else empty_b)
 
 
+@torch.library.custom_op("moeblaze::backward_accumulate", mutates_args=("dw1", "dw3", "dw2"), device_types="cuda")
+def _backward_accumulate(dy: Tensor, x: Tensor, topk_weights: Optional[Tensor], w_router: Optional[Tensor],
+                         router_bias: Optional[Tensor], w1: Tensor, w3: Optional[Tensor], w2: Tensor, saved: Tensor,
+                         state: Tensor, cfg: List[int], route_scale: float, dw1: Tensor, dw3: Optional[Tensor],
+                         dw2: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """The backward with the weight gradients added into dw1/dw3/dw2 (all bf16, or all fp32) by
+    the weight-gradient GEMMs' epilogues. Returns dx, d_topk_weights, dw_router as _backward."""
+    return _launch_backward(dy, x, topk_weights, w_router, router_bias, w1, w3, w2, saved, state, cfg, route_scale,
+                            dw1, dw3, dw2, True)
+
+
+@_backward_accumulate.register_fake
+def _(dy, x, topk_weights, w_router, router_bias, w1, w3, w2, saved, state, cfg, route_scale, dw1, dw3, dw2):
+    empty_f = x.new_empty((0,), dtype=torch.float32)
+    return (torch.empty_like(x), x.new_empty((x.shape[0], cfg[1]), dtype=torch.float32) if not cfg[5] else empty_f,
+            torch.empty_like(w_router) if w_router is not None else x.new_empty((0,)))
+
+
 def _setup_context(ctx, inputs, output):
     x, topk_ids, topk_weights, w_router, router_bias, w1, w3, w2, cfg, route_scale, mode = inputs
     _, saved, state, _, _ = output
@@ -167,6 +200,39 @@ def _setup_context(ctx, inputs, output):
     # By default autograd hands backward a zero tensor for every output without a gradient,
     # here the whole saved buffer (1.8 GiB on mixtral-8x7b) in the middle of the step.
     ctx.set_materialize_grads(False)
+
+
+def _accumulation_target(w: Tensor) -> Optional[Tensor]:
+    """Where w's gradient can be added in place: its fp32 `main_grad` (Megatron's convention),
+    else its bf16 `.grad`; None when neither fits. Only for a plain leaf weight seen eagerly:
+    under torch.compile the backward is traced with functional tensors, and a DTensor (FSDP2's
+    sharded parameter) has its gradient reduced by FSDP, so both take the store path."""
+    if type(w) not in (torch.Tensor, torch.nn.Parameter) or not w.is_leaf:
+        return None
+    main = getattr(w, "main_grad", None)
+    if isinstance(main, torch.Tensor):
+        ok = main.dtype == torch.float32 and main.shape == w.shape and main.is_contiguous() and main.device == w.device
+        return main if ok else None
+    g = w.grad
+    if g is None or g.dtype != torch.bfloat16 or g.shape != w.shape or not g.is_contiguous() or g.requires_grad:
+        return None
+    return g
+
+
+def _accumulation_targets(w1: Tensor, w3: Optional[Tensor], w2: Tensor):
+    """(dw1, dw3, dw2) to add into when every weight has a target of one kind (all main_grad
+    fp32, or all bf16 .grad), else None (the backward returns fresh gradients to autograd)."""
+    if torch.is_grad_enabled():  # create_graph=True: the gradient must be a graph output
+        return None
+    ws = [w for w in (w1, w3, w2) if w is not None]
+    ts = [_accumulation_target(w) for w in ws]
+    if any(t is None for t in ts) or len({t.dtype for t in ts}) != 1:
+        return None
+    if ts[0].dtype == torch.float32:
+        for w in ws:
+            if hasattr(w, "grad_added_to_main_grad"):
+                w.grad_added_to_main_grad = True
+    return (ts[0], ts[1] if w3 is not None else None, ts[-1])
 
 
 def _autograd_backward(ctx, dy, _dsaved, _dstate, _dcounts, _dgates):
@@ -178,8 +244,15 @@ def _autograd_backward(ctx, dy, _dsaved, _dstate, _dcounts, _dgates):
                            "(dH is written over them); run the forward again instead of retain_graph=True")
     ctx.consumed = True
     x, topk_weights, w_router, router_bias, w1, w3, w2, saved, state = ctx.saved_tensors
-    dx, dw1, dw3, dw2, dtw, dwr = _backward(dy.contiguous(), x, topk_weights, w_router, router_bias, w1, w3, w2,
-                                            saved, state, ctx.cfg, ctx.route_scale)
+    targets = _accumulation_targets(w1, w3, w2) if ctx.needs_input_grad[5] else None
+    if targets is not None:
+        dx, dtw, dwr = torch.ops.moeblaze.backward_accumulate(dy.contiguous(), x, topk_weights, w_router,
+                                                              router_bias, w1, w3, w2, saved, state, ctx.cfg,
+                                                              ctx.route_scale, *targets)
+        dw1 = dw3 = dw2 = None  # already added into .grad / main_grad
+    else:
+        dx, dw1, dw3, dw2, dtw, dwr = _backward(dy.contiguous(), x, topk_weights, w_router, router_bias, w1, w3, w2,
+                                                saved, state, ctx.cfg, ctx.route_scale)
     return (dx, None, dtw if topk_weights is not None else None, dwr if w_router is not None else None, None, dw1,
             dw3 if w3 is not None else None, dw2, None, None, None)
 
@@ -193,13 +266,15 @@ class MoEOutput(NamedTuple):
     gates: Tensor          # f32 [T, K]: the built-in router's gates (empty with caller routing)
 
 
-def _cfg_list(experts, topk, hidden, ffn, activation, router, renormalize) -> List[int]:
+def _cfg_list(experts, topk, hidden, ffn, activation, router, renormalize, weight_layout="separate") -> List[int]:
     if activation not in C.ACTIVATIONS:
         raise C.InvalidArgument("activation", f"activation: '{activation}' is not one of {sorted(C.ACTIVATIONS)}")
     if router not in C.ROUTERS:
         raise C.InvalidArgument("router", f"router: '{router}' is not one of softmax, sigmoid, None")
+    if weight_layout not in C.WEIGHT_LAYOUTS:
+        raise C.InvalidArgument("weight_layout", f"weight_layout: '{weight_layout}' is not one of separate, fused")
     return [int(experts), int(topk), int(hidden), int(ffn), C.ACTIVATIONS[activation], C.ROUTERS[router],
-            int(bool(renormalize))]
+            int(bool(renormalize)), C.WEIGHT_LAYOUTS[weight_layout]]
 
 
 def moe(x: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor, *, topk_ids: Optional[Tensor] = None,
@@ -208,12 +283,21 @@ def moe(x: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor, *, topk_ids: Op
         route_scale: float = 1.0, activation: str = "swiglu", checkpoint: str = "save-h") -> MoEOutput:
     """The MoE layer. Caller routing: topk_ids [T,K] int32 and topk_weights [T,K] float32 (the
     gate gradient flows back to them, so the caller's router trains). Built-in router: w_router
-    [E,d], router="softmax" or "sigmoid" and top_k. x [T,d] bf16, w1/w3 [E,n,d], w2 [E,d,n] bf16."""
+    [E,d], router="softmax" or "sigmoid" and top_k. x [T,d] bf16, w1/w3 [E,n,d], w2 [E,d,n] bf16.
+    With a gated activation and w3=None, w1 is the fused gate_up [E,2n,d] (each expert's W1 rows,
+    then its W3 rows: Hugging Face's gate_up_proj), read in place; its gradient has its layout."""
     if checkpoint not in C.MODES:
         raise C.InvalidArgument("checkpoint", f"checkpoint: '{checkpoint}' is not one of save-h, recompute")
     if w1.dim() != 3:
         raise C.InvalidArgument("w1", f"w1: must be [E, n, d], got shape {list(w1.shape)}")
-    E, n, d = w1.shape
+    if w2.dim() != 3:
+        raise C.InvalidArgument("w2", f"w2: must be [E, d, n], got shape {list(w2.shape)}")
+    E, n, d = w2.shape[0], w2.shape[2], w2.shape[1]
+    fused = w3 is None and activation in ("swiglu", "geglu")
+    if tuple(w1.shape) != (E, 2 * n if fused else n, d):
+        want = "[E, 2n, d] (a fused gate_up: w3 is None)" if fused else "[E, n, d]"
+        raise C.InvalidArgument("w1", f"w1: must be {want} = {[E, 2 * n if fused else n, d]} for w2 of shape "
+                                      f"{list(w2.shape)}, got {list(w1.shape)}")
     if w_router is not None and router is None:
         router = "softmax"
     if topk_ids is not None:
@@ -224,7 +308,7 @@ def moe(x: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor, *, topk_ids: Op
         K = top_k
     else:
         raise C.InvalidArgument("topk_ids", "topk_ids: pass the caller's picks, or top_k with the built-in router")
-    cfg = _cfg_list(E, K, d, n, activation, router, renormalize)
+    cfg = _cfg_list(E, K, d, n, activation, router, renormalize, "fused" if fused else "separate")
     y, _, _, counts, gates = torch.ops.moeblaze.forward(x, topk_ids, topk_weights, w_router, router_bias, w1, w3,
                                                         w2, cfg, float(route_scale), C.MODES[checkpoint])
     return MoEOutput(y, counts, gates)

@@ -128,7 +128,7 @@ struct WgradArgs {       // dW = sum over an expert's slots of A^T B (both gathe
   const void* b;         // down: hg [T*K,n]; up: x [T,d]
   void* out0;            // down: dW2 [E,d,n]; up: dW1 [E,n,d]
   void* out1;            // up gated: dW3 [E,n,d]
-  int accumulate_fp32;   // 1: out are fp32 buffers and results are added; 0: bf16 stores
+  int grad_output;       // GradOutput: bf16 stores, or results added into fp32 / bf16 buffers
   int n_col0, n_cols;    // down wgrad, n_cols > 0: only dW2 columns [n_col0, +n_cols), whose hg
   int b_ld;              // (a column chunk of down_dgrad's) has rows b_ld apart
   TmaMap tma_a, tma_b;   // TMA tiles only: up wgrad's dH as [T*K, G*n]; down wgrad's hg as

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <array>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -93,6 +94,33 @@ TEST_CASE("generator: every activation and router variant compiles (caller routi
             picked.push_back(s);
         check_compiled_without_spills(compile_all(picked));
       }
+    }
+  }
+}
+
+TEST_CASE("generator: the up-side kernels of a fused gate_up layer compile and are named apart") {
+  // The Hugging Face gate_up [E,2n,d]: W1/W3 step 2n rows per expert. Defaults (TMA where
+  // legal) and the cp.async tiles, n a multiple of 64 and not.
+  for (const auto& sh : {std::array<int, 4>{128, 8, 2048, 768}, std::array<int, 4>{8, 2, 200, 136}}) {
+    LayerConfig l;
+    l.shape = {sh[0], sh[1], sh[2], sh[3]};
+    l.weight_layout = WeightLayout::fused_gate_up;
+    SUBCASE(fmt::format("E={} n={}", sh[0], sh[3]).c_str()) {
+      std::vector<KernelSpec> picked;
+      for (const auto& s : layer_kernel_specs(l, "sm_90a"))
+        if (s.family == KernelFamily::up_proj || s.family == KernelFamily::up_wgrad ||
+            s.family == KernelFamily::up_dgrad) {
+          picked.push_back(s);
+          LayerConfig separate = l;
+          separate.weight_layout = WeightLayout::separate;
+          const KernelSpec other{s.family, separate, s.tile, s.arch};
+          CHECK(s.name() != other.name());
+          CHECK(s.name().find("_fused") != std::string::npos);
+          // The expert stride is compiled in: 2n rows.
+          CHECK(generate(s).source.text.find(fmt::format(", {}>", 2 * sh[3])) != std::string::npos);
+        }
+      REQUIRE(picked.size() == 3);
+      check_compiled_without_spills(compile_all(picked));
     }
   }
 }

@@ -36,6 +36,7 @@ struct Case {
   RoutingDistribution routing = RoutingDistribution::random;
   CheckpointMode mode = CheckpointMode::save_h;
   bool accumulate = false;
+  WeightLayout layout = WeightLayout::separate;
 };
 
 const Case kCases[] = {
@@ -64,6 +65,18 @@ const Case kCases[] = {
      RoutingDistribution::random, CheckpointMode::recompute},
     {"fp32 gradient accumulation", {8, 2, 128, 128}, 256, Activation::swiglu, RouterKind::softmax_topk, true, 1.f,
      RoutingDistribution::random, CheckpointMode::save_h, true},
+    // The Hugging Face gate_up [E,2n,d]: n a multiple of 128 (tiles inside W1 or W3), not of
+    // 64 (column tiles read W3 rows past W1's end, the last expert's past the tensor), wide
+    // and chunked (n > d), recompute, fp32 accumulation into the fused layout.
+    {"fused gate_up", {16, 4, 256, 128}, 700, Activation::swiglu, RouterKind::none, false, 1.f,
+     RoutingDistribution::random, CheckpointMode::save_h, false, WeightLayout::fused_gate_up},
+    {"fused gate_up, n not a multiple of 64, geglu", {8, 2, 200, 136}, 333, Activation::geglu, RouterKind::none, false,
+     1.f, RoutingDistribution::random, CheckpointMode::save_h, false, WeightLayout::fused_gate_up},
+    {"fused gate_up, n > d (chunked), recompute", {8, 2, 256, 768}, 600, Activation::swiglu, RouterKind::softmax_topk,
+     true, 1.f, RoutingDistribution::random, CheckpointMode::recompute, false, WeightLayout::fused_gate_up},
+    {"fused gate_up, fp32 accumulation, sigmoid router", {64, 8, 256, 128}, 1024, Activation::swiglu,
+     RouterKind::sigmoid_topk, true, 2.5f, RoutingDistribution::random, CheckpointMode::save_h, true,
+     WeightLayout::fused_gate_up},
 };
 
 }  // namespace
@@ -78,6 +91,7 @@ TEST_CASE("gpu: layer forward and backward match the CPU reference") {
       o.layer.router = c.router;
       o.layer.renormalize = c.renorm;
       o.layer.route_scale = c.scale;
+      o.layer.weight_layout = c.layout;
       o.tokens = c.tokens;
       o.routing = c.routing;
       o.mode = c.mode;
