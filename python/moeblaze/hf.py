@@ -168,9 +168,6 @@ def _check_inputs(module, spec: ExpertsSpec, hidden_states: Tensor, top_k_index:
     if hidden_states.dim() != 2 or hidden_states.shape[1] != spec.hidden:
         raise C.InvalidArgument("hidden_states", f"hidden_states: must be [tokens, {spec.hidden}], got "
                                                  f"{list(hidden_states.shape)}")
-    if hidden_states.device.type != "cuda":
-        raise C.InvalidArgument("hidden_states", f"hidden_states: is on {hidden_states.device.type}; "
-                                                 "moeblaze runs on CUDA GPUs (sm_90)")
     if hidden_states.dtype != torch.bfloat16:
         raise C.InvalidArgument("hidden_states", f"hidden_states: has dtype {hidden_states.dtype}; moeblaze runs "
                                                  "bf16 (load the model with dtype=torch.bfloat16)")
@@ -185,6 +182,9 @@ def _check_inputs(module, spec: ExpertsSpec, hidden_states: Tensor, top_k_index:
                                                  f"{list(top_k_index.shape)} like top_k_index")
     if top_k_index.dtype.is_floating_point or top_k_index.dtype == torch.bool:
         raise C.InvalidArgument("top_k_index", f"top_k_index: has dtype {top_k_index.dtype}, expected an integer type")
+    if hidden_states.device.type != "cuda":
+        raise C.InvalidArgument("hidden_states", f"hidden_states: is on {hidden_states.device.type}; "
+                                                 "moeblaze runs on CUDA GPUs (sm_90)")
 
 
 def _local(t: Tensor) -> Tensor:
