@@ -34,6 +34,7 @@ std::string to_string(Activation a) {
     case Activation::silu: return "silu";
     case Activation::gelu: return "gelu";
     case Activation::relu: return "relu";
+    case Activation::clamped_swiglu: return "clamped_swiglu";
   }
   return "unknown";
 }
@@ -56,9 +57,11 @@ WeightLayout parse_weight_layout(const std::string& s) {
 }
 
 Activation parse_activation(const std::string& s) {
-  for (Activation a : {Activation::swiglu, Activation::geglu, Activation::silu, Activation::gelu, Activation::relu})
+  for (Activation a : {Activation::swiglu, Activation::geglu, Activation::silu, Activation::gelu, Activation::relu,
+                       Activation::clamped_swiglu})
     if (to_string(a) == s) return a;
-  throw InvalidArgument("activation", fmt::format("'{}' is not one of swiglu, geglu, silu, gelu, relu", s));
+  throw InvalidArgument("activation",
+                        fmt::format("'{}' is not one of swiglu, geglu, silu, gelu, relu, clamped_swiglu", s));
 }
 
 RouterKind parse_router(const std::string& s) {
@@ -74,8 +77,8 @@ std::string LayerConfig::describe() const {
     if (route_scale != 1.f) r += fmt::format(",scale={}", route_scale);
   }
   // The separate layout keeps the description (and so the cache keys) it always had.
-  return fmt::format("E={} K={} d={} n={} {} router={}{}", shape.experts, shape.topk, shape.hidden, shape.ffn,
-                     to_string(activation), r, fused_gate_up() ? " gate_up=fused" : "");
+  return fmt::format("E={} K={} d={} n={} {} router={}{}{}", shape.experts, shape.topk, shape.hidden, shape.ffn,
+                     to_string(activation), r, fused_gate_up() ? " gate_up=fused" : "", expert_bias ? " bias" : "");
 }
 
 namespace {

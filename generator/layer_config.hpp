@@ -26,6 +26,9 @@ struct LayerConfig {
   // W1/W3 as two [E,n,d] tensors or one fused gate_up [E,2n,d] (compiled into the up-side
   // kernels: their expert stride).
   WeightLayout weight_layout = WeightLayout::separate;
+  // Per-expert biases on the up-projection ([E, G*n], added to A and B) and the
+  // down-projection ([E, d], added to o), as GPT-OSS has them (compiled in).
+  bool expert_bias = false;
 
   // Throws InvalidArgument naming the field: E in [1,512], K in [1, min(E,16)], d and n
   // positive multiples of 8, a fused gate_up only with a gated activation.

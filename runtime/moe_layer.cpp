@@ -153,11 +153,13 @@ ForwardState MoeLayer::forward(const ForwardArgs& a, CUstream stream) const {
                 second_part(l, a.w1, a.w3),
                 st.H ? reinterpret_cast<void*>(st.H) : nullptr,
                 dptr<void>(a.scratch, fs.h)};
+  up.bias = reinterpret_cast<const void*>(a.bias_up.ptr);
   attach_weight_maps(up, ut, l);
   // 4. Down-projection, then the gate-weighted token-major combine.
   const TileConfig& dt = ks.get(KernelFamily::down_proj).generated.spec.tile;
   DownProjArgs down{rv, dptr<void>(a.scratch, fs.h), reinterpret_cast<const void*>(a.w2.ptr),
                     dptr<void>(a.scratch, fs.o)};
+  down.bias = reinterpret_cast<const void*>(a.bias_down.ptr);
   attach_weight_maps(down, dt, l, fs.chunk_slots);
   if (fs.chunk_slots >= TK) {
     ks.launch(KernelFamily::up_proj, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream, a.observer);
@@ -229,6 +231,7 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
   if (s.mode == CheckpointMode::recompute) {
     const TileConfig& ut = ks.get(KernelFamily::up_proj).generated.spec.tile;
     UpProjArgs up{rv, cptr(a.x), cptr(a.w1), second_part(l, a.w1, a.w3), dptr<void>(a.scratch, bs.H), nullptr};
+    up.bias = cptr(a.bias_up);  // the saved H had the biases added: so has this one
     attach_weight_maps(up, ut, l);
     ks.launch(KernelFamily::up_proj, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream, a.observer);
     H = dptr<void>(a.scratch, bs.H);
@@ -270,6 +273,10 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
   }
   GateGradArgs gg{rv.token_index_map, dptr<float>(a.scratch, bs.partials), TK, d_gates};
   ks.launch(KernelFamily::gate_grad, ceil_div(TK, 256), gg, stream, a.observer);
+  if (l.expert_bias) {  // o = h W2^T + b2: dL/dg gains <dy, b2> (before the router reads d_gates)
+    GateBiasGradArgs gb{rv.token_expert_indices, cptr(a.dy), cptr(a.bias_down), TK, d_gates};
+    ks.launch(KernelFamily::gate_bias_grad, ceil_div(TK, 8), gb, stream, a.observer);
+  }
   const TileConfig& wt1 = ks.get(KernelFamily::up_wgrad).generated.spec.tile;
   WgradArgs w1{rv, H, cptr(a.x), dptr<void>(a.dw1), const_cast<void*>(second_part(l, a.dw1, a.dw3)), accumulate};
   attach_dh_map(w1, wt1, TK, int64_t{G} * n);
@@ -282,6 +289,11 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
   ks.launch(KernelFamily::up_dgrad, slot_tile_blocks(TK, ud.bm, ud.bn, E, d), udg, stream, a.observer);
   CombineArgs sum{rv.token_index_map, nullptr, dptr<void>(a.scratch, bs.dxs), T, dptr<void>(a.dx)};
   ks.launch(KernelFamily::combine, T, sum, stream, a.observer);
+  if (l.expert_bias) {  // from dH (still over H: nothing after the down dgrad writes there) and dy
+    BiasGradArgs bg{rv, H, cptr(a.dy), dptr<void>(a.d_bias_up), dptr<void>(a.d_bias_down), accumulate};
+    const int64_t blocks = E * (ceil_div(int64_t{G} * n, 256) + ceil_div(d, 256));  // bias_grads.cuh
+    ks.launch(KernelFamily::bias_grad, blocks, bg, stream, a.observer);
+  }
   // 5. Router backward: d logits, then dx += d logits W_r and dW_r.
   if (l.router != RouterKind::none) {
     RouterBackwardArgs rb{dptr<float>(a.scratch, bs.logits), dptr<int>(a.scratch, bs.ids), d_gates, l.route_scale, T,

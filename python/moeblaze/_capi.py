@@ -13,7 +13,9 @@ ABI_VERSION = 2
 # Codes of runtime/c_api.h
 OK, ERR_INVALID_ARGUMENT, ERR_NO_GPU, ERR_CUDA, ERR_COMPILE, ERR_CACHE, ERR_OTHER = range(7)
 DTYPES = {"bf16": 0, "f32": 1, "i32": 2}
-ACTIVATIONS = {"swiglu": 0, "geglu": 1, "silu": 2, "gelu": 3, "relu": 4}
+# clamped_swiglu: GPT-OSS's, h = m sigmoid(1.702 m) (clamp(b, -7, 7) + 1), m = min(a, 7).
+ACTIVATIONS = {"swiglu": 0, "geglu": 1, "silu": 2, "gelu": 3, "relu": 4, "clamped_swiglu": 5}
+GATED = ("swiglu", "geglu", "clamped_swiglu")
 ROUTERS = {None: 0, "none": 0, "softmax": 1, "sigmoid": 2}
 MODES = {"save-h": 0, "recompute": 1}
 # "fused": one gate_up [E, 2n, d] (each expert's W1 rows, then its W3 rows), passed as w1.
@@ -48,7 +50,8 @@ class Tensor(ctypes.Structure):
 class LayerConfig(ctypes.Structure):
     _fields_ = [("experts", ctypes.c_int32), ("topk", ctypes.c_int32), ("hidden", ctypes.c_int32),
                 ("ffn", ctypes.c_int32), ("activation", ctypes.c_int32), ("router", ctypes.c_int32),
-                ("renormalize", ctypes.c_int32), ("route_scale", ctypes.c_float), ("weight_layout", ctypes.c_int32)]
+                ("renormalize", ctypes.c_int32), ("route_scale", ctypes.c_float), ("weight_layout", ctypes.c_int32),
+                ("expert_bias", ctypes.c_int32)]
 
 
 class MemoryPlan(ctypes.Structure):
@@ -65,12 +68,14 @@ _BWD_TENSORS = ["dy", "x", "topk_weights", "w_router", "router_bias", "w1", "w3"
 class ForwardArgs(ctypes.Structure):
     _fields_ = [(n, Tensor) for n in _FWD_TENSORS] + [
         ("mode", ctypes.c_int32), ("check_routing", ctypes.c_int32), ("saved", ctypes.c_uint64),
-        ("saved_bytes", ctypes.c_uint64), ("scratch", ctypes.c_uint64), ("scratch_bytes", ctypes.c_uint64)]
+        ("saved_bytes", ctypes.c_uint64), ("scratch", ctypes.c_uint64), ("scratch_bytes", ctypes.c_uint64),
+        ("bias_up", Tensor), ("bias_down", Tensor)]
 
 
 class BackwardArgs(ctypes.Structure):
     _fields_ = [(n, Tensor) for n in _BWD_TENSORS] + [
-        ("scratch", ctypes.c_uint64), ("scratch_bytes", ctypes.c_uint64), ("accumulate", ctypes.c_int32)]
+        ("scratch", ctypes.c_uint64), ("scratch_bytes", ctypes.c_uint64), ("accumulate", ctypes.c_int32),
+        ("bias_up", Tensor), ("bias_down", Tensor), ("d_bias_up", Tensor), ("d_bias_down", Tensor)]
 
 
 class State(ctypes.Structure):
@@ -146,7 +151,7 @@ def check(code: int) -> None:
 
 def make_config(experts: int, topk: int, hidden: int, ffn: int, activation: str = "swiglu",
                 router: str | None = "softmax", renormalize: bool = False, route_scale: float = 1.0,
-                weight_layout: str = "separate") -> LayerConfig:
+                weight_layout: str = "separate", expert_bias: bool = False) -> LayerConfig:
     if activation not in ACTIVATIONS:
         raise InvalidArgument("activation", f"activation: '{activation}' is not one of {sorted(ACTIVATIONS)}")
     if router not in ROUTERS:
@@ -154,7 +159,8 @@ def make_config(experts: int, topk: int, hidden: int, ffn: int, activation: str 
     if weight_layout not in WEIGHT_LAYOUTS:
         raise InvalidArgument("weight_layout", f"weight_layout: '{weight_layout}' is not one of separate, fused")
     cfg = LayerConfig(int(experts), int(topk), int(hidden), int(ffn), ACTIVATIONS[activation], ROUTERS[router],
-                      int(bool(renormalize)), float(route_scale), WEIGHT_LAYOUTS[weight_layout])
+                      int(bool(renormalize)), float(route_scale), WEIGHT_LAYOUTS[weight_layout],
+                      int(bool(expert_bias)))
     check(lib.mb_config_validate(ctypes.byref(cfg)))
     return cfg
 

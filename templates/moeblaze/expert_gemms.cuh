@@ -4,6 +4,8 @@
 // ACT activation. G = 2 for gated activations ([A|B] side by side), else 1. W_ROWS: rows of
 // one expert in the W1/W3 storage (and in dW1/dW3): N for two [E,N,D] tensors, 2N for the
 // fused gate_up [E,2N,D] (WeightLayout::fused_gate_up; the host passes W3 = W1 + N*D).
+// BIAS: per-expert biases (GPT-OSS): [E, G*N] added to [A|B] before H is stored (so the
+// backward's H, and its dH, are those of the biased pre-activations), [E, D] added to o.
 #pragma once
 #include "moeblaze/gemm/ws_mainloop.cuh"
 #include "moeblaze/gemm/row_chunks.cuh"
@@ -11,6 +13,7 @@
 #include "moeblaze/gemm/staged_tile.cuh"
 #include "moeblaze/gemm/tma_store.cuh"
 #include "moeblaze/kernel_args.cuh"
+#include "moeblaze/slot_gate.cuh"
 
 namespace moeblaze {
 
@@ -19,8 +22,8 @@ constexpr int gate_parts() { return is_gated(ACT) ? 2 : 1; }
 
 // ---- forward: up-projection ------------------------------------------------------------
 // Per expert e: [A|B] = gather(x) [W1_e; W3_e]^T, x read once for both matrices.
-// Writes H = [A|B] (when saved) and h = act(A) * B (when the down-projection needs it).
-template <class Cfg, int E, int D, int N, Activation ACT, int W_ROWS>
+// Writes H = [A|B] (when saved) and h = act(A) * up(B) (when the down-projection needs it).
+template <class Cfg, int E, int D, int N, Activation ACT, int W_ROWS, bool BIAS>
 MB_DEV void up_proj(const UpProjArgs& p) {
   constexpr int G = gate_parts<ACT>();
   static_assert(Cfg::NB == G, "gated activations stack W1 and W3 tiles");
@@ -55,6 +58,15 @@ MB_DEV void up_proj(const UpProjArgs& p) {
       const int col = t.n0 + c;
       if (r >= t.rows || col >= N) return;
       const i64 slot = t.slot0 + r;
+      if constexpr (BIAS) {  // [gate | up] biases of the expert (col is even: 4-byte loads)
+        const bf16_t* bias = static_cast<const bf16_t*>(p.bias) + static_cast<i64>(t.expert) * (G * N) + col;
+        const float2 ba = load_bf16x2(bias);
+        a0 += ba.x; a1 += ba.y;
+        if constexpr (G == 2) {
+          const float2 bb = load_bf16x2(bias + N);
+          b0 += bb.x; b1 += bb.y;
+        }
+      }
       // Round first so that h here equals what backward recomputes from the saved H.
       a0 = bf2f(f2bf(a0)); a1 = bf2f(f2bf(a1));
       b0 = bf2f(f2bf(b0)); b1 = bf2f(f2bf(b1));
@@ -64,7 +76,8 @@ MB_DEV void up_proj(const UpProjArgs& p) {
       }
       if (h) {
         const i64 h_row = slot - p.slot_lo;
-        if constexpr (G == 2) store_bf16x2(h + h_row * N + col, act_fwd<ACT>(a0) * b0, act_fwd<ACT>(a1) * b1);
+        if constexpr (G == 2)
+          store_bf16x2(h + h_row * N + col, act_fwd<ACT>(a0) * act_up<ACT>(b0), act_fwd<ACT>(a1) * act_up<ACT>(b1));
         else store_bf16x2(h + h_row * N + col, act_fwd<ACT>(a0), act_fwd<ACT>(a1));
       }
     };
@@ -78,8 +91,9 @@ MB_DEV void up_proj(const UpProjArgs& p) {
 }
 
 // ---- forward: down-projection ------------------------------------------------------------
-// o = h W2_e^T per slot (expert-major order); the gate is applied by the combine.
-template <class Cfg, int E, int D, int N>
+// o = h W2_e^T (+ the expert's bias) per slot (expert-major order); the gate is applied by the
+// combine.
+template <class Cfg, int E, int D, int N, bool BIAS>
 MB_DEV void down_proj(const DownProjArgs& p) {
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
     const gemm::SlotTile t =
@@ -105,36 +119,32 @@ MB_DEV void down_proj(const DownProjArgs& p) {
     bf16_t* o = static_cast<bf16_t*>(p.o);
     gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
       const int col = t.n0 + c;
-      if (r < t.rows && col < D) store_bf16x2(o + static_cast<i64>(t.slot0 + r) * D + col, v0, v1);
+      if (r >= t.rows || col >= D) return;
+      if constexpr (BIAS) {
+        const float2 b = load_bf16x2(static_cast<const bf16_t*>(p.bias) + static_cast<i64>(t.expert) * D + col);
+        v0 += b.x;
+        v1 += b.y;
+      }
+      store_bf16x2(o + static_cast<i64>(t.slot0 + r) * D + col, v0, v1);
   });
   return true;
   });
 }
 
-// Gate of each row of a slot tile, looked up token-major (the slot's token picks `expert`
-// exactly once; the index build rejects duplicates).
-template <int K>
-MB_DEV float slot_gate(const RoutingView& rv, int slot, int expert) {
-  const i64 t = rv.expert_token_indices[slot];
-  float g = 0.f;
-#pragma unroll
-  for (int j = 0; j < K; ++j)
-    if (rv.token_expert_indices[t * K + j] == expert) g = rv.gates[t * K + j];
-  return g;
-}
-
 // The activation's backward at one element of down_dgrad's epilogue: dh' value d, gate g, the
-// saved pre-activations a (and b, gated) -> dA, dB (gated; else 0) and h = act(a) [* b].
+// saved pre-activations a (and b, gated) -> dA, dB (gated; else 0) and h = act(a) [* up(b)].
 template <Activation ACT, int G>
 MB_DEV void act_bwd_element(float a, float b, float d, float g, float& da, float& db, float& h) {
+  float s, ds;
+  act_fwd_grad<ACT>(a, s, ds);
   if constexpr (G == 2) {
-    const float s = act_fwd<ACT>(a);
-    h = s * b;
-    da = g * d * b * act_grad<ACT>(a);
-    db = g * d * s;
+    const float u = act_up<ACT>(b);
+    h = s * u;
+    da = g * d * u * ds;
+    db = g * d * s * act_up_grad<ACT>(b);
   } else {
-    h = act_fwd<ACT>(a);
-    da = g * d * act_grad<ACT>(a);
+    h = s;
+    da = g * d * ds;
     db = 0.f;
   }
 }
