@@ -31,6 +31,7 @@ struct ShapeOptions {
   std::string activation = "swiglu";
   std::string router;  // empty: the preset's router, or none
   std::string weight_layout = "separate";
+  bool expert_bias = false;
   bool renormalize = false;
   float route_scale = 1.f;
   long long tokens = 0;  // 0: the preset's T

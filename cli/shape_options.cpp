@@ -11,13 +11,14 @@ void ShapeOptions::add(CLI::App* cmd, bool with_tokens) {
   cmd->add_option("--topk,-K", topk, "experts per token K (1..16, <= E)");
   cmd->add_option("--hidden,-d", hidden, "model width d (multiple of 8)");
   cmd->add_option("--ffn,-n", ffn, "expert FFN width n (multiple of 8)");
-  cmd->add_option("--activation", activation, "swiglu | geglu | silu | gelu | relu")->capture_default_str();
+  cmd->add_option("--activation", activation, "swiglu | geglu | silu | gelu | relu | clamped_swiglu (GPT-OSS)")->capture_default_str();
   cmd->add_option("--router", router, "none | softmax | sigmoid (default: the preset's, else none)");
   cmd->add_flag("--renormalize", renormalize, "renormalise gates over the K picks (explicit shapes)");
   cmd->add_option("--route-scale", route_scale, "gate scale factor (explicit shapes)");
   cmd->add_option("--weight-layout", weight_layout,
                   "separate (W1, W3 [E,n,d]) | fused (one gate_up [E,2n,d], the Hugging Face layout)")
       ->capture_default_str();
+  cmd->add_flag("--expert-bias", expert_bias, "per-expert biases on both projections (GPT-OSS)");
   if (with_tokens) cmd->add_option("--tokens,-T", tokens, "tokens per step T (default: the preset's)");
 }
 
@@ -45,6 +46,7 @@ LayerConfig ShapeOptions::layer() const {
   } catch (const InvalidArgument& e) {
     throw InvalidArgument("--weight-layout", e.what());
   }
+  l.expert_bias = expert_bias;
   l.validate();
   return l;
 }

@@ -174,6 +174,13 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
       std::copy_n(w3.begin() + e * nd, nd, w13.begin() + (2 * e + 1) * nd);
     }
   }
+  // Expert biases (GPT-OSS): [E, G*n] and [E, d], of the size of the projections' outputs.
+  std::vector<bf16> b_up(l.expert_bias ? static_cast<size_t>(E) * l.gate_parts() * n : 0),
+      b_down(l.expert_bias ? static_cast<size_t>(E) * d : 0);
+  if (l.expert_bias) {
+    fill_uniform(b_up, 0.5f, s * 16 + 16);
+    fill_uniform(b_down, 0.5f, s * 16 + 17);
+  }
   std::vector<float> bias;
   std::vector<int32_t> ids_in;
   std::vector<float> gates_in;
@@ -197,6 +204,8 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
   DeviceBuffer d_w3 = separate_w3 ? upload(w3) : DeviceBuffer();
   DeviceBuffer d_wr = router ? upload(wr) : DeviceBuffer();
   DeviceBuffer d_bias = bias.empty() ? DeviceBuffer() : upload(bias);
+  DeviceBuffer d_b_up = b_up.empty() ? DeviceBuffer() : upload(b_up), d_b_down = b_down.empty() ? DeviceBuffer() : upload(b_down);
+  DeviceBuffer d_db_up(b_up.size() * (o.accumulate_fp32 ? 4 : 2)), d_db_down(b_down.size() * (o.accumulate_fp32 ? 4 : 2));
   DeviceBuffer d_ids = router ? DeviceBuffer() : upload(ids_in);
   DeviceBuffer d_gates_in = router ? DeviceBuffer() : upload(gates_in);
   const size_t wbytes = o.accumulate_fp32 ? 4 : 2;
@@ -236,6 +245,10 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
   fa.w1 = tref(d_w1, DType::bf16, w1_shape(l));
   if (separate_w3) fa.w3 = tref(d_w3, DType::bf16, {E, n, d});
   fa.w2 = tref(d_w2, DType::bf16, {E, d, n});
+  if (l.expert_bias) {
+    fa.bias_up = tref(d_b_up, DType::bf16, {E, int64_t{l.gate_parts()} * n});
+    fa.bias_down = tref(d_b_down, DType::bf16, {E, d});
+  }
   fa.y = tref(d_y, DType::bf16, {T, d});
   fa.mode = o.mode;
   fa.saved = saved.get();
@@ -257,6 +270,12 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
   if (separate_w3) ba.dw3 = tref(d_dw3, wt, {E, n, d});
   ba.dw2 = tref(d_dw2, wt, {E, d, n});
   ba.d_topk_weights = tref(d_dgates, DType::f32, {T, K});
+  ba.bias_up = fa.bias_up;
+  ba.bias_down = fa.bias_down;
+  if (l.expert_bias) {
+    ba.d_bias_up = tref(d_db_up, wt, {E, int64_t{l.gate_parts()} * n});
+    ba.d_bias_down = tref(d_db_down, wt, {E, d});
+  }
   if (router) ba.dw_router = tref(d_dwr, wt, {E, d});
   ba.scratch = bscratch.get();
   ba.scratch_bytes = bscratch.size();
@@ -278,11 +297,15 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
       if (separate_w3) d_dw3.upload(acc_init3.data(), d_dw3.size());
       d_dw2.upload(acc_init2.data(), d_dw2.size());
       if (router) d_dwr.upload(acc_initr.data(), d_dwr.size());
+      for (const DeviceBuffer* b : {&d_db_up, &d_db_down})  // bias gradients add from zero
+        if (b->size()) MB_CU(drv.cuMemsetD32Async(b->get(), 0, b->size() / 4, stream.get()));
     } else {
       poison(d_dw1, false);
       poison(d_dw3, false);
       poison(d_dw2, false);
       poison(d_dwr, false);
+      poison(d_db_up, false);
+      poison(d_db_down, false);
     }
     poison(saved, false);
     poison(fscratch, false);
@@ -314,6 +337,10 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
       snap.add("dw2", d_dw2.get(), d_dw2.size());
       snap.add("d_topk_weights", d_dgates.get(), d_dgates.size());
       if (router) snap.add("dw_router", d_dwr.get(), d_dwr.size());
+      if (l.expert_bias) {
+        snap.add("d_bias_up", d_db_up.get(), d_db_up.size());
+        snap.add("d_bias_down", d_db_down.get(), d_db_down.size());
+      }
     }
   }
   for (size_t i = 0; i < runs[0].parts.size(); ++i)
@@ -389,7 +416,8 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
       pick.insert(static_cast<int64_t>(unit_double(s * 16 + 13, i) * T));
     tokens.assign(pick.begin(), pick.end());
   }
-  reference::ExpertWeights rw{w1.data(), gated ? w3.data() : nullptr, w2.data(), E, d, n, l.activation};
+  reference::ExpertWeights rw{w1.data(), gated ? w3.data() : nullptr, w2.data(), E, d, n, l.activation,
+                              l.expert_bias ? b_up.data() : nullptr, l.expert_bias ? b_down.data() : nullptr};
   const auto y_gpu = download<bf16>(d_y, T * d);
   note_unwritten("y", has_poison(y_gpu));
   {
@@ -464,7 +492,7 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
       }
       return g;
     };
-    std::vector<double> got1, ref1, got3, ref3, got2, ref2;
+    std::vector<double> got1, ref1, got3, ref3, got2, ref2, got_bu, ref_bu, got_bd, ref_bd;
     std::string names;
     // FFN rows compared per expert: all of them for small n, else a sample (first and last in).
     std::vector<int> rows;
@@ -489,6 +517,16 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
       }
       append(ref1, eg.dw1);
       if (gated) append(ref3, eg.dw3);
+      if (l.expert_bias) {  // the biases' gradients of the expert: its sampled rows, all of d_bias_down
+        // (fp32 accumulation starts these from zero: the contents are not initialised above)
+        const std::vector<float> zero_up(b_up.size(), 0.f), zero_down(b_down.size(), 0.f);
+        const size_t gn = static_cast<size_t>(l.gate_parts()) * n;
+        for (int part = 0; part < l.gate_parts(); ++part)
+          for (int i : rows) append(got_bu, grad_rows(d_db_up, zero_up, e * gn + part * n + i, 1));
+        append(ref_bu, eg.d_bias_up);
+        append(got_bd, grad_rows(d_db_down, zero_down, static_cast<size_t>(e) * d, d));
+        append(ref_bd, eg.d_bias_down);
+      }
       // Columns i of dW2 [d, n]: read whole rows c, keep the sampled columns.
       const auto w2e = grad_rows(d_dw2, acc_init2, e * nd, nd);
       for (int64_t c = 0; c < d; ++c)
@@ -511,6 +549,14 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
                             static_cast<int64_t>(got3.size()), false});
     res.errors.push_back({"dW2 (experts " + names + ")", reference::relative_error(got2.data(), ref2.data(), got2.size()),
                           static_cast<int64_t>(got2.size()), false});
+    if (l.expert_bias) {
+      res.errors.push_back({"d_bias_up (experts " + names + ")",
+                            reference::relative_error(got_bu.data(), ref_bu.data(), got_bu.size()),
+                            static_cast<int64_t>(got_bu.size()), false});
+      res.errors.push_back({"d_bias_down (experts " + names + ")",
+                            reference::relative_error(got_bd.data(), ref_bd.data(), got_bd.size()),
+                            static_cast<int64_t>(got_bd.size()), false});
+    }
   }
   if (router) {
     // dW_r over all tokens, from the GPU's gate gradients (themselves checked above).

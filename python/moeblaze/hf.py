@@ -22,11 +22,11 @@ falls back silently.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
+from transformers.integrations.moe import ExpertsInterface, _default_apply_gate
 
 from . import _capi as C
 from . import torch as mbt
@@ -54,8 +54,7 @@ def set_checkpoint(mode: str) -> None:
     _checkpoint = mode
 
 
-@dataclass(frozen=True)
-class ExpertsSpec:
+class ExpertsSpec(NamedTuple):  # a NamedTuple: torch.compile traces its construction
     """How an experts module maps onto moeblaze: its layout and activation."""
     layout: str       # "gate_up" (fused [E,2n,d], read in place), "up" (plain [E,n,d]), "gpt_oss"
     activation: str   # moeblaze activation name
@@ -72,7 +71,6 @@ def _hidden_act(module) -> Optional[str]:
 
 def _has_custom_gate(module) -> bool:
     """Whether the class defines its own `_apply_gate` (math other than act(gate) * up)."""
-    from transformers.integrations.moe import _default_apply_gate
     return getattr(type(module), "_apply_gate", _default_apply_gate) is not _default_apply_gate
 
 
@@ -228,7 +226,6 @@ def experts_forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weig
 
 def register(name: str = NAME) -> None:
     """Registers the backend under `name` in transformers' ExpertsInterface (done on import)."""
-    from transformers.integrations.moe import ExpertsInterface
     ExpertsInterface.register(name, experts_forward)
 
 

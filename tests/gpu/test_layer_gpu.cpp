@@ -37,6 +37,7 @@ struct Case {
   CheckpointMode mode = CheckpointMode::save_h;
   bool accumulate = false;
   WeightLayout layout = WeightLayout::separate;
+  bool expert_bias = false;
 };
 
 const Case kCases[] = {
@@ -77,6 +78,16 @@ const Case kCases[] = {
     {"fused gate_up, fp32 accumulation, sigmoid router", {64, 8, 256, 128}, 1024, Activation::swiglu,
      RouterKind::sigmoid_topk, true, 2.5f, RoutingDistribution::random, CheckpointMode::save_h, true,
      WeightLayout::fused_gate_up},
+    // GPT-OSS's experts: clamped SwiGLU, expert biases, fused gate_up; d = 2880-like widths
+    // (multiples of 192, not 256) at a small scale, recompute, fp32 accumulation.
+    {"gpt-oss: clamped swiglu, biases", {32, 4, 576, 192}, 1000, Activation::clamped_swiglu, RouterKind::none, false,
+     1.f, RoutingDistribution::random, CheckpointMode::save_h, false, WeightLayout::fused_gate_up, true},
+    {"gpt-oss: clamped swiglu, biases, recompute, softmax router", {32, 4, 256, 128}, 700,
+     Activation::clamped_swiglu, RouterKind::softmax_topk, true, 1.f, RoutingDistribution::random,
+     CheckpointMode::recompute, false, WeightLayout::fused_gate_up, true},
+    {"gpt-oss: clamped swiglu, biases, fp32 accumulation, separate W1/W3", {8, 2, 128, 64}, 300,
+     Activation::clamped_swiglu, RouterKind::none, false, 1.f, RoutingDistribution::random, CheckpointMode::save_h,
+     true, WeightLayout::separate, true},
 };
 
 }  // namespace
@@ -92,6 +103,7 @@ TEST_CASE("gpu: layer forward and backward match the CPU reference") {
       o.layer.renormalize = c.renorm;
       o.layer.route_scale = c.scale;
       o.layer.weight_layout = c.layout;
+      o.layer.expert_bias = c.expert_bias;
       o.tokens = c.tokens;
       o.routing = c.routing;
       o.mode = c.mode;
