@@ -220,6 +220,18 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
+_fused_accumulation = True
+
+
+def set_fused_accumulation(enabled: bool) -> None:
+    """Whether the backward adds into existing .grad / main_grad in its epilogues (default on).
+    Off: it always returns fresh gradients and autograd accumulates them (allocating a
+    gradient-sized tensor and running an add per weight); for comparison, or for hooks that
+    expect to see every gradient (tensor hooks registered with register_hook)."""
+    global _fused_accumulation
+    _fused_accumulation = bool(enabled)
+
+
 def _accumulation_target(w: Tensor) -> Optional[Tensor]:
     """Where w's gradient can be added in place: its fp32 `main_grad` (Megatron's convention),
     else its bf16 `.grad`; None when neither fits. Only for a plain leaf weight seen eagerly:
@@ -241,7 +253,7 @@ def _accumulation_targets(weights: Sequence[Optional[Tensor]]) -> Optional[List[
     """The tensors to add the gradients of `weights` (w1, w3, w2, bias_up, bias_down; None where
     absent) into, when every weight has a target of one kind (all fp32 main_grad, or all bf16
     .grad); else None (the backward returns fresh gradients to autograd)."""
-    if torch.is_grad_enabled():  # create_graph=True: the gradient must be a graph output
+    if not _fused_accumulation or torch.is_grad_enabled():  # create_graph=True: gradients are graph outputs
         return None
     present = [w for w in weights if w is not None]
     targets = [_accumulation_target(w) for w in present]
