@@ -1,17 +1,19 @@
 """The moeblaze suite benchmark (shared/BENCHMARKS.md), on a GPU, in one invocation:
-moeblaze (through the Python binding) against the PyTorch baselines of baselines.py, same
-inputs, same GPU. Forward and step (forward+backward) median ms over CUDA events,
-TFLOP/s = 18TKdn/step, activation memory held between forward and backward beyond the
-output, and peak extra memory of a step (weights and their gradients excluded: peak_memory.py); random and
-skewed routing; a token sweep; the dense GEMM and copy ceilings measured in the same run;
-the per-kernel breakdown from `moeblaze bench --json`. Writes results.json, table.md and
-tflops.png under --out.
+moeblaze (through the Python binding) against SonicMoE and MegaBlocks (bench/peers.py) and the
+PyTorch baselines (bench/baselines.py), same inputs, same GPU, same timing (bench/measure.py):
+forward and step (forward+backward) median ms over CUDA events, TFLOP/s = 18TKdn/step,
+activation memory held between forward and backward beyond the output, and peak extra memory
+of a step (weights and their gradients excluded); random and skewed routing; a token sweep; the
+dense GEMM and copy ceilings measured in the same run; moeblaze's per-kernel breakdown from
+`moeblaze bench --json`; optionally the per-kernel comparison with SonicMoE (bench/kernels.py).
+Writes results.json, table.md and tflops.png (and kernels.md, kernels.json) under --out.
 
-Usage: python3 bench/suite.py [--shapes NAME,...] [--routing random,skewed] [--sweep]
-       [--impls moeblaze,moeblaze-recompute,torch-grouped_mm,torch-loop] [--steps 10]
-       [--out bench/results/DATE]
-moeblaze runs in save-h mode, moeblaze-recompute in recompute mode (the table gives its step
-against save-h as well as against the baselines)."""
+Usage: python3 bench/suite.py [--shapes NAME,...] [--routing random,skewed] [--impls ...]
+       [--sweep] [--kernels SHAPE,...] [--peers DIR] [--deadline-s S] [--out DIR]
+       python3 bench/suite.py --quick --out DIR      # A/B subset: 2 shapes, random, moeblaze + sonicmoe
+       python3 bench/suite.py --dry-run [...]        # the cases and a time estimate; no GPU needed
+moeblaze runs in save-h mode, moeblaze-recompute in recompute mode. Routing per impl: impls.py.
+A peer that is missing or fails to load gets rows that say why; the rest of the suite runs."""
 from __future__ import annotations
 
 import argparse
@@ -20,124 +22,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
-
-import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "python"))
 sys.path.insert(0, str(HERE))
-import moeblaze.torch as mbt  # noqa: E402
-from baselines import torch_grouped_mm, torch_loop  # noqa: E402
-from peak_memory import step_peak_bytes  # noqa: E402
-from report import write_outputs  # noqa: E402
-from moeblaze.reference import route  # noqa: E402
+import plan  # noqa: E402
 
-SUITE = json.loads((HERE / "suite.json").read_text())["shapes"]
-ROUTERS = {  # the presets' routers (generator/layer_config.cpp)
-    "mixtral-8x7b": ("softmax", True, 1.0), "gpt-oss-20b": ("softmax", True, 1.0),
-    "olmoe-1b-7b": ("softmax", False, 1.0), "qwen3-30b-a3b": ("softmax", True, 1.0),
-    "deepseek-v3": ("sigmoid", True, 2.5), "qwen3-next-80b": ("softmax", True, 1.0),
-}
-
-
-def median_ms(fn, steps, warmup=3):
-    """Median and half the 10-90% spread of per-call times. Events are recorded around each
-    call without a host sync in between, so the host runs ahead of the GPU as in training and
-    launch overhead is only counted where the GPU would wait for it."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
-    for a, b in events:
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    times = sorted(a.elapsed_time(b) for a, b in events)
-    return times[len(times) // 2], (times[int(0.9 * (len(times) - 1))] - times[int(0.1 * (len(times) - 1))]) / 2
-
-
-def ceilings():
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    ms, _ = median_ms(lambda: a @ a, 10)
-    src = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    cms, _ = median_ms(lambda: dst.copy_(src), 10)
-    return {"gemm_tflops": 2 * 8192 ** 3 / ms / 1e9, "copy_tbps": 2 * src.numel() / cms / 1e9}
-
-
-def skewed_routing(T, E, K, gen):
-    hot = max(1, E // 16)
-    p = torch.ones(E, device="cuda")
-    p[:hot] = 4.0
-    ids = torch.multinomial(p.expand(T, E), K, replacement=False, generator=gen).int()
-    w = torch.rand(T, K, device="cuda", generator=gen).softmax(-1)
-    return ids, w
-
-
-def run_case(shape, impl, routing, T, steps):
-    E, K, d, n = shape["E"], shape["K"], shape["d"], shape["n"]
-    router, renorm, scale = ROUTERS[shape["name"]]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    kw = dict(device="cuda", dtype=torch.bfloat16)
-    w1 = (torch.rand(E, n, d, generator=gen, device="cuda") * 2 - 1).mul_((3 / d) ** 0.5).to(torch.bfloat16).requires_grad_()
-    w3 = (torch.rand(E, n, d, generator=gen, device="cuda") * 2 - 1).mul_((3 / d) ** 0.5).to(torch.bfloat16).requires_grad_()
-    w2 = (torch.rand(E, d, n, generator=gen, device="cuda") * 2 - 1).mul_((3 / n) ** 0.5).to(torch.bfloat16).requires_grad_()
-    wr = (torch.rand(E, d, generator=gen, device="cuda") * 2 - 1).mul_((3 / d) ** 0.5).to(torch.bfloat16).requires_grad_()
-    x = torch.randn(T, d, generator=gen, **kw).requires_grad_()
-    dy = torch.randn(T, d, generator=gen, **kw)
-    fixed = skewed_routing(T, E, K, gen) if routing == "skewed" else None
-    bias = torch.zeros(E, device="cuda") if router == "sigmoid" else None
-
-    def forward():
-        if impl.startswith("moeblaze"):
-            mode = "recompute" if impl == "moeblaze-recompute" else "save-h"
-            if fixed is None:
-                return mbt.moe(x, w1, w3, w2, w_router=wr, router=router, top_k=K, router_bias=bias,
-                               renormalize=renorm, route_scale=scale, checkpoint=mode).y
-            return mbt.moe(x, w1, w3, w2, topk_ids=fixed[0], topk_weights=fixed[1].requires_grad_(),
-                           checkpoint=mode).y
-        ids, w = fixed if fixed is not None else route(x, wr, K, router, renorm, scale, bias)
-        f = torch_loop if impl == "torch-loop" else torch_grouped_mm
-        return f(x, ids, w, w1, w3, w2)
-
-    params = [w1, w3, w2, wr]
-    leaves = params + [x] + ([fixed[1]] if fixed is not None else [])
-
-    def step():
-        # As a training step with zero_grad(set_to_none=True): the weight gradients are
-        # fresh tensors, not accumulated into old ones (an extra read-add-write of every
-        # weight that is the optimizer's business, not the layer's).
-        for t in leaves:
-            t.grad = None
-        forward().backward(dy)
-
-    step()
-    fwd_ms, _ = median_ms(lambda: forward(), steps)
-    step_ms, spread = median_ms(step, steps)
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    y = forward()
-    act = torch.cuda.memory_allocated() - base - y.numel() * y.element_size()
-    del y
-    for t in leaves:  # the base holds no gradients: the step makes its own
-        t.grad = None
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    step()
-    torch.cuda.synchronize()
-    weight_grads = sum(p.numel() * p.element_size() for p in params)
-    peak_alloc = torch.cuda.max_memory_allocated() - base - weight_grads  # all grads taken off the peak
-    for t in leaves:
-        t.grad = None
-    peak = step_peak_bytes(step, lambda: [p.grad for p in params])  # grads excluded at every moment
-    flops = 18.0 * T * K * d * n
-    return {"shape": shape["name"], "impl": impl, "routing": routing, "tokens": T, "fwd_ms": fwd_ms,
-            "step_ms": step_ms, "step_spread_ms": spread, "tflops": flops / step_ms / 1e9,
-            "act_mib": act / 2 ** 20, "peak_mib": peak / 2 ** 20,
-            "peak_alloc_mib": peak_alloc / 2 ** 20}
+FULL = {"shapes": tuple(plan.SHAPES), "routing": plan.ROUTINGS, "impls": plan.IMPLS}
 
 
 def moeblaze_cli():
@@ -161,50 +54,157 @@ def kernel_breakdown(name, T):
         return {"error": str(e)}
 
 
-def main():
+def commit():
+    try:
+        return subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or None
+    except Exception:  # noqa: BLE001 - the checkout on the GPU machine may have no git
+        return None
+
+
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default=",".join(s["name"] for s in SUITE))
-    ap.add_argument("--impls", default="moeblaze,moeblaze-recompute,torch-grouped_mm,torch-loop")
-    ap.add_argument("--routing", default="random,skewed")
+    ap.add_argument("--shapes", help=f"default: all six ({','.join(FULL['shapes'])}); --quick: "
+                                     f"{','.join(plan.QUICK['shapes'])}")
+    ap.add_argument("--impls", help=f"default: {','.join(FULL['impls'])}; --quick: {','.join(plan.QUICK['impls'])}")
+    ap.add_argument("--routing", help="default: random,skewed; --quick: random")
+    ap.add_argument("--quick", action="store_true", help="the A/B subset (other options override its choices)")
     ap.add_argument("--sweep", action="store_true", help="token sweep T = 4096..65536 on --sweep-shapes (when in --shapes)")
     ap.add_argument("--sweep-shapes", default="qwen3-30b-a3b,deepseek-v3")
+    ap.add_argument("--sweep-impls", default=",".join(plan.DEFAULT_SWEEP_IMPLS),
+                    help="impls of the sweep (those also in --impls); torch-loop is out by default: "
+                         "~250 ms a step at any T")
+    ap.add_argument("--kernels", default=None,
+                    help="per-kernel comparison with SonicMoE on these shapes (bench/kernels.py), after the random "
+                         "cases; 'none' for none (default: none; --quick: qwen3-30b-a3b)")
+    ap.add_argument("--kernel-steps", type=int, default=3, help="profiled steps of the per-kernel comparison")
+    ap.add_argument("--no-breakdown", action="store_true", help="skip `moeblaze bench --json` per shape")
+    ap.add_argument("--peers", default=None, help="folder holding the peers' folders sonicmoe/ and megablocks/ "
+                                                  "(default .peers at the repository root, or MOEBLAZE_PEERS)")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="skip the cases that would end past this many seconds from the start (their rows say so)")
+    ap.add_argument("--dry-run", action="store_true", help="print the cases and the time estimate, run nothing")
     ap.add_argument("--out", default=str(HERE / "results" / datetime.date.today().isoformat()))
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    base = plan.QUICK if a.quick else FULL
+    try:
+        a.shape_list = plan.parse_list(a.shapes or ",".join(base["shapes"]), list(plan.SHAPES), "--shapes")
+        a.impl_list = plan.parse_list(a.impls or ",".join(base["impls"]), plan.IMPLS, "--impls")
+        a.routing_list = plan.parse_list(a.routing or ",".join(base["routing"]), plan.ROUTINGS, "--routing")
+        a.sweep_shape_list = plan.parse_list(a.sweep_shapes, list(plan.SHAPES), "--sweep-shapes") if a.sweep else []
+        a.sweep_impl_list = plan.parse_list(a.sweep_impls, plan.IMPLS, "--sweep-impls")
+        kernels = a.kernels if a.kernels is not None else ("qwen3-30b-a3b" if a.quick else "none")
+        a.kernel_list = [] if kernels == "none" else plan.parse_list(kernels, list(plan.SHAPES), "--kernels")
+    except ValueError as e:
+        ap.error(str(e))
     if a.steps < 10:
-        sys.exit("--steps: the median needs at least 10")
-    names = a.shapes.split(",")
-    unknown = [n for n in names if n not in {s["name"] for s in SUITE}]
-    if unknown:
-        sys.exit(f"--shapes: unknown {unknown}")
-    unknown = [n for n in a.sweep_shapes.split(",") if n not in {s["name"] for s in SUITE}]
-    if unknown:
-        sys.exit(f"--sweep-shapes: unknown {unknown}")
+        ap.error("--steps: the median needs at least 10")
+    if a.kernel_steps < 1:
+        ap.error("--kernel-steps: at least 1")
+    if a.deadline_s is not None and a.deadline_s <= 0:
+        ap.error("--deadline-s: must be positive")
+    return a
+
+
+def run_case(case, steps, peers_root):
+    import torch
+
+    import impls
+    from measure import measure
+
+    shape = plan.SHAPES[case.shape]
+    row = {"shape": case.shape, "impl": case.impl, "routing": case.routing, "tokens": case.tokens}
+    inp = impls.make_inputs(shape, case.routing, case.tokens)
+    try:
+        impl = impls.build(case.impl, inp, peers_root)
+        flops = 18.0 * case.tokens * shape["K"] * shape["d"] * shape["n"]
+        row.update(measure(impl, inp.dy, flops, steps))
+    except impls.Unavailable as e:
+        row["error"] = f"unavailable: {e}"
+    except torch.cuda.OutOfMemoryError as e:
+        row["error"] = f"OOM: {e}"
+    except Exception as e:  # noqa: BLE001 - one impl failing (a peer's bug) must not end the suite
+        row["error"] = f"failed: {type(e).__name__}: {e}"
+    return row
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    cases = plan.cases(a.shape_list, a.routing_list, a.impl_list, a.sweep_shape_list, a.sweep_impl_list)
+    print(plan.describe(cases, a.kernel_list, a.deadline_s), flush=True)
+    if a.dry_run:
+        return
+    t0 = time.monotonic()
+
+    def left():
+        return None if a.deadline_s is None else a.deadline_s - (time.monotonic() - t0)
+
+    import torch
+
+    import peers
+    from measure import ceilings
+    from report import write_outputs
+
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    peers_root = Path(a.peers) if a.peers else peers.default_root()
     res = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
-           "torch": torch.__version__, "ceilings": ceilings(), "results": [], "kernels": {}}
+           "torch": torch.__version__, "commit": commit(), "args": " ".join(sys.argv[1:] if argv is None else argv),
+           "ceilings": ceilings(), "results": [], "kernels": {}, "peers": {}}
     print(f"{res['device']} torch {res['torch']}: GEMM {res['ceilings']['gemm_tflops']:.0f} TFLOP/s, "
           f"copy {res['ceilings']['copy_tbps']:.2f} TB/s", flush=True)
-    cases = [(s, r, s["T"]) for s in SUITE if s["name"] in names for r in a.routing.split(",")]
-    if a.sweep:
-        cases += [(s, "random", T) for s in SUITE if s["name"] in names and s["name"] in a.sweep_shapes.split(",")
-                  for T in (4096, 8192, 16384, 32768, 65536) if T != s["T"]]
-    for shape, routing, T in cases:
-        for impl in a.impls.split(","):
-            if impl == "torch-loop" and shape["E"] >= 256:
-                continue  # minutes per step; BENCHMARKS.md leaves it out too
-            try:
-                r = run_case(shape, impl, routing, T, a.steps)
-            except torch.cuda.OutOfMemoryError as e:
-                r = {"shape": shape["name"], "impl": impl, "routing": routing, "tokens": T, "error": f"OOM: {e}"}
-            res["results"].append(r)
-            print(json.dumps(r), flush=True)
-            torch.cuda.empty_cache()
-        if routing == "random" and T == shape["T"]:
-            res["kernels"][shape["name"]] = kernel_breakdown(shape["name"], T)
+    for name in plan.PEER_IMPLS:  # unpack and import before any timing; a failure is said once, here
+        if name in a.impl_list or (name == "sonicmoe" and a.kernel_list):
+            p = peers.load(name, peers_root)
+            res["peers"][name] = {"folder": str(p.folder), "ok": p.ok, "reason": p.reason}
+            print(f"peer {name}: {'loaded from ' + str(p.folder) if p.ok else p.reason}", flush=True)
+
+    def at_suite_T(c):
+        return c.routing == "random" and c.tokens == plan.SHAPES[c.shape]["T"]
+
+    kernels_done = not a.kernel_list
+    for i, case in enumerate(cases):
+        if not kernels_done and not at_suite_T(case):
+            run_kernel_compare(a, out, peers_root, left())
+            kernels_done = True
+        budget = left()
+        if budget is not None and plan.case_seconds(case) > budget:
+            r = {"shape": case.shape, "impl": case.impl, "routing": case.routing, "tokens": case.tokens,
+                 "error": "skipped: --deadline-s"}
+        else:
+            r = run_case(case, a.steps, peers_root)
+        res["results"].append(r)
+        print(json.dumps(r), flush=True)
+        torch.cuda.empty_cache()
+        last_of_group = i + 1 == len(cases) or (cases[i + 1].shape, cases[i + 1].routing, cases[i + 1].tokens) != (
+            case.shape, case.routing, case.tokens)
+        if last_of_group and at_suite_T(case) and not a.no_breakdown and any(
+                c.impl.startswith("moeblaze") for c in cases if c.shape == case.shape):
+            budget = left()
+            if budget is None or budget > plan.BREAKDOWN_S:
+                res["kernels"][case.shape] = kernel_breakdown(case.shape, case.tokens)
         (out / "results.json").write_text(json.dumps(res, indent=2))  # partial results survive a kill
+    if not kernels_done:
+        run_kernel_compare(a, out, peers_root, left())
     write_outputs(res, out)
+    errors = [r for r in res["results"] if "error" in r]
+    if errors:
+        print(f"{len(errors)} of {len(res['results'])} rows have no numbers: "
+              + "; ".join(sorted({f"{r['impl']}: {r['error'][:120]}" for r in errors})), flush=True)
+
+
+def run_kernel_compare(a, out, peers_root, budget):
+    import kernels
+
+    if budget is not None and budget < plan.KERNEL_COMPARE_S * len(a.kernel_list):
+        print("per-kernel comparison skipped: --deadline-s", flush=True)
+        return
+    try:
+        kernels.run(a.kernel_list, out, steps=a.kernel_steps, peers_root=peers_root)
+        print(f"per-kernel comparison: {out / 'kernels.md'}", flush=True)
+    except Exception as e:  # noqa: BLE001 - the suite's rows matter more than the comparison
+        print(f"per-kernel comparison failed: {type(e).__name__}: {e}", flush=True)
 
 
 if __name__ == "__main__":

@@ -52,37 +52,43 @@ struct TileConfig {
   // sharing one cp.async pipeline ("_wg"); 2 warp-specialised wgmma: the same consumer
   // warpgroups plus one producer warpgroup ("_ws"); 3 the same, persistent ("_wsp"): a grid of
   // the blocks the GPU holds at once walks the tile schedule, and each block's producer loads
-  // the next tile while its consumers run the epilogue. With wgmma warps_m = bm/16,
-  // warps_n = 1 (the accumulator layout of wgmma).
+  // the next tile while its consumers run the epilogue; 4 persistent ping-pong ("_pp"): two
+  // consumer warpgroups own alternate tiles whole (bm = 64 or 128 rows each), one running its
+  // epilogue while the other runs its mainloop (templates/moeblaze/gemm/mainloop/pingpong.cuh).
+  // With wgmma warps_n = 1 and warps_m = bm/16 (cooperative) or 4 (ping-pong: one warpgroup
+  // per tile), the accumulator layout of wgmma.
   int wgmma = 0;
   // Every operand that is not gathered by TMA (cp.async.bulk.tensor, templates/moeblaze/gemm/
   // tma.cuh) instead of the producer's cp.async copies ("_tma"), on warp-specialised tiles of
   // the expert GEMMs: the weights, h (down_proj), dH (up_dgrad, up_wgrad), hg (down_wgrad).
   bool tma = false;
-  // The other tile order of the expert GEMMs ("_swap", gemm/tile_schedule.cuh): slot-tiled
+  // The other tile order of the expert GEMMs ("_swap", gemm/scheduler/tile_schedule.cuh): slot-tiled
   // GEMMs walk N tiles fastest inside an expert (reusing a block of gathered rows), weight
   // gradients run their larger side fastest. The tuner's schedule-order parameter.
   bool swap = false;
   // The output tile leaves through shared memory by TMA stores ("_tstore",
-  // templates/moeblaze/gemm/tma_store.cuh): the consumers go on to the next tile while it
+  // templates/moeblaze/gemm/epilogue/tma_store.cuh): the consumers go on to the next tile while it
   // drains. Weight gradients (bf16 outputs; fp32 accumulation keeps the direct stores), on
   // warp-specialised tiles; costs a [bm][bn] bf16 staging buffer of shared memory.
   bool tma_store = false;
   bool warp_specialized() const { return wgmma >= 2; }
-  bool persistent() const { return wgmma == 3; }
+  bool persistent() const { return wgmma >= 3; }
+  bool pingpong() const { return wgmma == 4; }
+  // Consumer groups that each own a tile: 2 in ping-pong, else 1.
+  int consumer_groups() const { return pingpong() ? 2 : 1; }
   // The producer: one warpgroup (mainloop.cuh's Tile::PRODUCER_THREADS).
   int producer_threads() const { return warp_specialized() ? 128 : 0; }
   // Threads that hold accumulators (and, without a producer, load the tiles).
   int compute_threads() const { return 32 * warps_m * warps_n; }
-  // Launch size: the compute threads plus the producer.
-  int threads() const { return compute_threads() + producer_threads(); }
+  // Launch size: the compute threads of every consumer group plus the producer.
+  int threads() const { return compute_threads() * consumer_groups() + producer_threads(); }
   // Threads that issue the tile copies.
   int loader_threads() const { return warp_specialized() ? producer_threads() : compute_threads(); }
   // wgmma tiles reserve 1 KiB to align their 128-byte-swizzle atoms to 1024 bytes.
   int smem_bytes(int nb) const {
-    return stages * (bm * bk + nb * bn * bk) * 2 + (tma_store ? bm * bn * 2 : 0) + (wgmma ? 1024 : 0);
+    return stages * (bm * bk + nb * bn * bk) * 2 + (tma_store ? bm * bn * 2 * consumer_groups() : 0) + (wgmma ? 1024 : 0);
   }
-  std::string to_string() const;  // "128x128x64_w2x4_s3", "..._wg" / "..._ws" / "..._wsp" for wgmma, then "_tma", "_tstore", "_swap"
+  std::string to_string() const;  // "128x128x64_w2x4_s3", "..._wg" / "..._ws" / "..._wsp" / "..._pp" for wgmma, then "_tma", "_tstore", "_swap"
   // Inverse of to_string; throws InvalidArgument("tile", ...) on a malformed string.
   static TileConfig parse(const std::string& s);
   bool operator==(const TileConfig&) const = default;
@@ -102,6 +108,8 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes = 227 * 
 // A wgmma tile for a family that supports it: bm x bn, `stages` deep, warp-specialised
 // (producer warpgroup + consumers) or not, persistent (warp-specialised, walking tiles) or not.
 TileConfig wgmma_tile(int bm, int bn, int stages, bool warp_specialized = false, bool persistent = false);
+// A persistent ping-pong tile (two consumer warpgroups, each owning a bm x bn tile).
+TileConfig pingpong_tile(int bm, int bn, int stages);
 // Whether the family can run persistent tiles (the expert GEMMs; the router GEMMs are one
 // tile per block).
 bool supports_persistent(KernelFamily f);

@@ -1,4 +1,4 @@
-// Host side of the TMA loads (templates/moeblaze/gemm/tma.cuh): the tensor maps a
+// Host side of the TMA loads (templates/moeblaze/gemm/tma_loaders.cuh): the tensor maps a
 // TMA tile's kernel argument carries. A weight [E, rows, k] (bf16, row-major) is viewed as
 // the 2-D tensor [E*rows, k], boxes of [box_rows][64] (128-byte rows, 128-byte swizzle: the
 // layout of the K-major stage tiles). Encoded per launch on the host (no device work).
@@ -32,7 +32,7 @@ TmaMap encode_weight_map(CUdeviceptr base, int64_t total_rows, int64_t k, int bo
 
 // The arguments of cuTensorMapEncodeTiled for an output [experts][rows][cols] (bf16, rows ld
 // elements apart, experts rows*ld apart) stored by TMA boxes of [1][box_rows][64] (the
-// "_tstore" epilogue, templates/moeblaze/gemm/tma_store.cuh). Pure, tested without a GPU.
+// "_tstore" epilogue, templates/moeblaze/gemm/epilogue/tma_store.cuh). Pure, tested without a GPU.
 struct OutputMapParams {
   uint64_t dims[3];     // {cols, rows, experts}
   uint64_t strides[2];  // bytes between rows, between experts

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <tuple>
 
 #include "heuristics.hpp"
 
@@ -32,6 +33,22 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
     return t;
   };
   if (arch == "sm_90a" && def.warp_specialized()) add(with_tma(def));
+  // Ping-pong tiles (two consumer warpgroups on alternate tiles, one's epilogue under the other's
+  // mainloop): 128 rows a warpgroup (two m64 slabs; the gated up-projection's W1 and W3 tiles 64
+  // wide each) or 64 rows with the full 256 columns, TMA for the operands that are not gathered,
+  // and the TMA-store epilogue for the weight gradients. `add` keeps them for the expert GEMMs.
+  if (arch == "sm_90a") {
+    const int nb_pp = stacked_b_tiles(family, layer.activation);
+    const bool wgrad = family == KernelFamily::up_wgrad || family == KernelFamily::down_wgrad;
+    for (auto [bm, bn, stages] : {std::tuple{128, 128 / nb_pp, 6}, std::tuple{64, 256 / nb_pp, 5}, std::tuple{128, 128 / nb_pp, 4}}) {
+      TileConfig t = with_tma(pingpong_tile(bm, bn, stages));
+      add(t);
+      if (wgrad && stages == 4) {
+        t.tma_store = true;
+        add(t);
+      }
+    }
+  }
   // The weight gradients' TMA-store epilogue: the persistent 128x256 tile at 3 stages (the
   // staging buffer takes the fourth stage's shared memory) and the 128x128 one at 4; and the
   // 4-stage direct-store tile, which wins where an expert's slots are many (the default picks

@@ -1,24 +1,26 @@
-// The expert GEMMs of the layer (DESIGN.md 1.3), each a grouped GEMM over experts with
-// its gather fused into the operand load and its elementwise work fused into the epilogue.
+// The expert GEMMs of the layer (docs/design.md), each a grouped GEMM over experts with its
+// gather fused into the operand load and its elementwise work fused into the epilogue. Each
+// kernel is the same three pieces: a tile schedule (gemm/scheduler/), the mainloop the tile
+// config asks for (gemm/mainloop.cuh) fed by row sources (gemm/rows.cuh, TMA sources in
+// gemm/tma_loaders.cuh), and its epilogue (gemm/epilogue/, one file each).
 // Shape parameters are compiled in: E experts, K picks, D model width, N expert width,
 // ACT activation. G = 2 for gated activations ([A|B] side by side), else 1. W_ROWS: rows of
 // one expert in the W1/W3 storage (and in dW1/dW3): N for two [E,N,D] tensors, 2N for the
 // fused gate_up [E,2N,D] (WeightLayout::fused_gate_up; the host passes W3 = W1 + N*D).
-// BIAS: per-expert biases (GPT-OSS): [E, G*N] added to [A|B] before H is stored (so the
-// backward's H, and its dH, are those of the biased pre-activations), [E, D] added to o.
+// BIAS: per-expert biases (GPT-OSS) on the up-projection (before H) and the down-projection.
 #pragma once
-#include "moeblaze/gemm/ws_mainloop.cuh"
-#include "moeblaze/gemm/row_chunks.cuh"
+#include "moeblaze/activation.cuh"
+#include "moeblaze/gemm/epilogue/dact_gate.cuh"
+#include "moeblaze/gemm/epilogue/gate_up_act.cuh"
+#include "moeblaze/gemm/epilogue/row_store.cuh"
+#include "moeblaze/gemm/epilogue/tma_store.cuh"
+#include "moeblaze/gemm/epilogue/wgrad_store.cuh"
+#include "moeblaze/gemm/mainloop.cuh"
 #include "moeblaze/gemm/rows.cuh"
-#include "moeblaze/gemm/staged_tile.cuh"
-#include "moeblaze/gemm/tma_store.cuh"
+#include "moeblaze/gemm/scheduler/tile_schedule.cuh"
 #include "moeblaze/kernel_args.cuh"
-#include "moeblaze/slot_gate.cuh"
 
 namespace moeblaze {
-
-template <Activation ACT>
-constexpr int gate_parts() { return is_gated(ACT) ? 2 : 1; }
 
 // ---- forward: up-projection ------------------------------------------------------------
 // Per expert e: [A|B] = gather(x) [W1_e; W3_e]^T, x read once for both matrices.
@@ -52,40 +54,7 @@ MB_DEV void up_proj(const UpProjArgs& p) {
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
 
-    bf16_t* H = static_cast<bf16_t*>(p.H);
-    bf16_t* h = static_cast<bf16_t*>(p.h);
-    auto store = [&](int r, int c, float a0, float a1, float b0, float b1) {
-      const int col = t.n0 + c;
-      if (r >= t.rows || col >= N) return;
-      const i64 slot = t.slot0 + r;
-      if constexpr (BIAS) {  // [gate | up] biases of the expert (col is even: 4-byte loads)
-        const bf16_t* bias = static_cast<const bf16_t*>(p.bias) + static_cast<i64>(t.expert) * (G * N) + col;
-        const float2 ba = load_bf16x2(bias);
-        a0 += ba.x; a1 += ba.y;
-        if constexpr (G == 2) {
-          const float2 bb = load_bf16x2(bias + N);
-          b0 += bb.x; b1 += bb.y;
-        }
-      }
-      // Round first so that h here equals what backward recomputes from the saved H.
-      a0 = bf2f(f2bf(a0)); a1 = bf2f(f2bf(a1));
-      b0 = bf2f(f2bf(b0)); b1 = bf2f(f2bf(b1));
-      if (H) {
-        store_bf16x2(H + slot * (G * N) + col, a0, a1);
-        if constexpr (G == 2) store_bf16x2(H + slot * (G * N) + N + col, b0, b1);
-      }
-      if (h) {
-        const i64 h_row = slot - p.slot_lo;
-        if constexpr (G == 2)
-          store_bf16x2(h + h_row * N + col, act_fwd<ACT>(a0) * act_up<ACT>(b0), act_fwd<ACT>(a1) * act_up<ACT>(b1));
-        else store_bf16x2(h + h_row * N + col, act_fwd<ACT>(a0), act_fwd<ACT>(a1));
-      }
-    };
-    if constexpr (G == 2) {
-      gemm::for_each_pair<Cfg>(acc, store);
-    } else {
-      gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float a0, float a1) { store(r, c, a0, a1, 0.f, 0.f); });
-    }
+    gemm::store_gate_up<Cfg, N, ACT, BIAS>(acc, t, p);
     return true;
   });
 }
@@ -116,56 +85,24 @@ MB_DEV void down_proj(const DownProjArgs& p) {
       gemm::run_mainloop<Cfg, true, true>(acc, a, b, N, gemm::dynamic_smem(), pipe, role);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
-    bf16_t* o = static_cast<bf16_t*>(p.o);
-    gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
-      const int col = t.n0 + c;
-      if (r >= t.rows || col >= D) return;
-      if constexpr (BIAS) {
-        const float2 b = load_bf16x2(static_cast<const bf16_t*>(p.bias) + static_cast<i64>(t.expert) * D + col);
-        v0 += b.x;
-        v1 += b.y;
-      }
-      store_bf16x2(o + static_cast<i64>(t.slot0 + r) * D + col, v0, v1);
+    gemm::store_slot_rows<Cfg, D, BIAS>(acc, static_cast<bf16_t*>(p.o), t, p.bias);
+    return true;
   });
-  return true;
-  });
-}
-
-// The activation's backward at one element of down_dgrad's epilogue: dh' value d, gate g, the
-// saved pre-activations a (and b, gated) -> dA, dB (gated; else 0) and h = act(a) [* up(b)].
-template <Activation ACT, int G>
-MB_DEV void act_bwd_element(float a, float b, float d, float g, float& da, float& db, float& h) {
-  float s, ds;
-  act_fwd_grad<ACT>(a, s, ds);
-  if constexpr (G == 2) {
-    const float u = act_up<ACT>(b);
-    h = s * u;
-    da = g * d * u * ds;
-    db = g * d * s * act_up_grad<ACT>(b);
-  } else {
-    h = s;
-    da = g * d * ds;
-    db = 0.f;
-  }
 }
 
 // ---- backward: down-projection dgrad -------------------------------------------------------
-// dh' = gather(dy) W2_e. Epilogue: recompute h from the saved [A|B], emit
-// dA = g dh' B act'(A), dB = g dh' act(A), hg = g h, and this tile's part of the gate
-// gradient <dh', h> (summed over tiles in a fixed order by gate_grad_reduce). dH may be H
-// (the runtime writes it in place): each epilogue thread loads both of its H elements before
-// it stores the dA/dB at the same addresses, and no other thread touches them, so H and dH
-// stay plain (not restrict, not read-only-cache) pointers.
+// dh' = gather(dy) W2_e; its epilogue (gemm/epilogue/dact_gate.cuh) is the activation's backward
+// and the gate gradient's row-dot.
 template <class Cfg, int E, int K, int D, int N, Activation ACT>
 MB_DEV void down_dgrad(const DownDgradArgs& p) {
   constexpr int G = gate_parts<ACT>();
-  constexpr int N_TILES = (N + Cfg::BN - 1) / Cfg::BN;
   // One-tile wgmma blocks stage the epilogue's H tile and its results through the stage
   // buffers the mainloop is done with ((G+1) BM x BN tiles: 96 KiB at 128x128 s3, 192 KiB at
   // 128x256 s4); persistent blocks' producers are filling them with the next tile already.
   constexpr bool STAGED = Cfg::WGMMA && !Cfg::PERSISTENT && (G + 1) * Cfg::BM * Cfg::BN <= Cfg::STAGES * Cfg::STAGE_ELEMS;
-  __shared__ float gate_s[Cfg::BM];
-  __shared__ float red_s[Cfg::BM][Cfg::WARPS_N];
+  // One copy per consumer group: ping-pong groups run the epilogues of different tiles.
+  __shared__ float gate_s[Cfg::CONSUMER_GROUPS][Cfg::BM];
+  __shared__ float red_s[Cfg::CONSUMER_GROUPS][Cfg::BM][Cfg::WARPS_N];
   const int hg_ld = p.n_tiles > 0 ? p.hg_ld : N, hg_col0 = p.n_tiles > 0 ? p.n_tile_lo * Cfg::BN : 0;
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
     const gemm::SlotTile t =
@@ -180,9 +117,7 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
     float acc[1][Cfg::MT][Cfg::NT][4];
     // Computing threads only (THREADS >= BM): the gates are visible to every consumer after
     // the mainloop's barrier (__syncthreads, or the consumer barrier ws_consume starts with).
-    if constexpr (decltype(role)::kComputes)
-      for (int r = threadIdx.x; r < Cfg::BM; r += Cfg::THREADS)
-        gate_s[r] = r < t.rows ? slot_gate<K>(p.rv, t.slot0 + r, t.expert) : 0.f;
+    if constexpr (decltype(role)::kComputes) gemm::load_tile_gates<Cfg, K>(p.rv, t, gate_s[gemm::consumer_group<Cfg>()]);
     if constexpr (Cfg::TMA) {  // W2_e's k rows [k0, +64) of the [E*D, N] map (D % 64 == 0)
       const gemm::TmaMnWeights<1> bt{{&p.tma_w2}, t.expert * D, D, t.n0};
       gemm::run_mainloop<Cfg, true, false>(acc, a, bt, D, gemm::dynamic_smem(), pipe, role);
@@ -190,217 +125,13 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
       gemm::run_mainloop<Cfg, true, false>(acc, a, b, D, gemm::dynamic_smem(), pipe, role);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
-
-    const bf16_t* H = static_cast<const bf16_t*>(p.H);
-    bf16_t* dH = static_cast<bf16_t*>(p.dH);
-    bf16_t* hg = static_cast<bf16_t*>(p.hg);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int warp_m = warp / Cfg::WARPS_N, warp_n = warp % Cfg::WARPS_N;
-    const int cols = N - t.n0 < Cfg::BN ? N - t.n0 : Cfg::BN;  // valid columns of the tile
-    const i64 row0 = static_cast<i64>(t.slot0) * (G * N) + t.n0;
-    // Where the epilogue reads A/B and writes dA/dB/hg for tile element (r, c): shared memory
-    // (staged: the tile's H rows come in and the results go out as whole 16-byte chunks) or
-    // global memory directly (persistent tiles, whose pipeline buffers hold the next tile).
-    gemm::StagedTile<Cfg::BM, Cfg::BN> sa{nullptr}, sb{nullptr}, sh{nullptr};
-    if constexpr (STAGED) {
-      gemm::consumer_sync<Cfg>();  // every consumer warpgroup is done with the stage buffers
-      bf16_t* sm = gemm::align_1024(gemm::dynamic_smem());
-      sa.base = sm;
-      sb.base = sm + Cfg::BM * Cfg::BN;
-      sh.base = sm + G * Cfg::BM * Cfg::BN;
-      sa.load(H + row0, G * N, t.rows, cols, threadIdx.x, Cfg::THREADS);
-      if constexpr (G == 2) sb.load(H + row0 + N, G * N, t.rows, cols, threadIdx.x, Cfg::THREADS);
-      cp_async_commit();
-      cp_async_wait<0>();
-      gemm::consumer_sync<Cfg>();
-    }
-    auto a_at = [&](int r, int c) -> const bf16_t* {
-      if constexpr (STAGED) return sa.at(r, c);
-      else return H + row0 + static_cast<i64>(r) * (G * N) + c;
-    };
-    auto da_at = [&](int r, int c) -> bf16_t* {
-      if constexpr (STAGED) return sa.at(r, c);
-      else return dH + row0 + static_cast<i64>(r) * (G * N) + c;
-    };
-    auto db_at = [&](int r, int c) -> bf16_t* {
-      if constexpr (STAGED) return sb.at(r, c);
-      else return dH + row0 + static_cast<i64>(r) * (G * N) + N + c;
-    };
-    auto b_at = [&](int r, int c) -> const bf16_t* {
-      if constexpr (STAGED) return sb.at(r, c);
-      else return H + row0 + static_cast<i64>(r) * (G * N) + N + c;
-    };
-    auto h_at = [&](int r, int c) -> bf16_t* {
-      if constexpr (STAGED) return sh.at(r, c);
-      else return hg + static_cast<i64>(t.slot0 + r) * hg_ld + (t.n0 - hg_col0) + c;
-    };
-    // H straight from global memory (persistent tiles), 16 bytes at a time: the quad's
-    // accumulators are transposed (row_chunks.cuh) so that each lane holds 8 consecutive
-    // columns of its row; a lane's H loads go out for 2 such chunks before any of their stores
-    // (H and dH alias, so the compiler would not move a load above an earlier store; each
-    // lane reads and writes only its own elements, which is also why the in-place write is
-    // safe).
-    // (wgmma tiles only: the mma.sync path, whose fragments share the layout, keeps the
-    // one-element-at-a-time epilogue it was verified with.)
-    constexpr bool VEC = Cfg::WGMMA && !STAGED && Cfg::NT % 4 == 0;
-    if constexpr (VEC) {
-      constexpr int BLOCKS = Cfg::NT / 4;  // chunks of 4 n8 blocks: one 8-column chunk per lane
-      constexpr int BATCH = BLOCKS % 2 == 0 ? 2 : 1;
-      const int q = lane & 3;
-      if (threadIdx.x < Cfg::THREADS)
-#pragma unroll
-      for (int mt = 0; mt < Cfg::MT; ++mt)
-        // The row loop stays rolled: one copy of the chunk loop's code instead of two, the
-        // pair it reads from each accumulator block picked by selects (the accumulators stay
-        // in registers). Measured 3-5% faster on the persistent tile (bench/NOTES.md v1.0);
-        // not through the instruction cache: ncu's no-instruction stalls are ~1% either way.
-#pragma unroll 1
-        for (int half = 0; half < 2; ++half) {
-          const int r = warp_m * Cfg::WTM + mt * 16 + (lane >> 2) + half * 8;
-          const bool row_ok = r < t.rows;
-          const float g = gate_s[r];
-          const bf16_t* a_row = H + row0 + static_cast<i64>(r) * (G * N);
-          bf16_t* da_row = dH + row0 + static_cast<i64>(r) * (G * N);
-          bf16_t* h_row = hg + static_cast<i64>(t.slot0 + r) * hg_ld + (t.n0 - hg_col0);
-          float dot = 0.f;
-#pragma unroll
-          for (int b0 = 0; b0 < BLOCKS; b0 += BATCH) {
-            uint4 a_raw[BATCH], b_raw[BATCH];
-#pragma unroll
-            for (int j = 0; j < BATCH; ++j) {
-              const int c = warp_n * Cfg::WTN + ((b0 + j) * 4 + q) * 8;
-              if (!row_ok || c >= cols) continue;
-              a_raw[j] = *reinterpret_cast<const uint4*>(a_row + c);
-              if constexpr (G == 2) b_raw[j] = *reinterpret_cast<const uint4*>(a_row + N + c);
-            }
-#pragma unroll
-            for (int j = 0; j < BATCH; ++j) {
-              float x[4][2];
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                const float(&pair)[4] = acc[0][mt][(b0 + j) * 4 + i];
-                x[i][0] = half ? pair[2] : pair[0];
-                x[i][1] = half ? pair[3] : pair[1];
-              }
-              gemm::quad_transpose(x, lane);  // every lane: shuffles
-              const int c = warp_n * Cfg::WTN + ((b0 + j) * 4 + q) * 8;
-              if (!row_ok || c >= cols) continue;
-              float av[8], bv[8], da[8], db[8], hh[8];
-              gemm::unpack8(a_raw[j], av);
-              if constexpr (G == 2) gemm::unpack8(b_raw[j], bv);
-#pragma unroll
-              for (int e = 0; e < 8; ++e) {
-                const float d = x[e >> 1][e & 1];
-                float h;
-                act_bwd_element<ACT, G>(av[e], G == 2 ? bv[e] : 0.f, d, g, da[e], db[e], h);
-                hh[e] = g * h;
-                dot += d * h;
-              }
-              if constexpr (G == 2) *reinterpret_cast<uint4*>(da_row + N + c) = gemm::pack8(db);
-              *reinterpret_cast<uint4*>(da_row + c) = gemm::pack8(da);
-              *reinterpret_cast<uint4*>(h_row + c) = gemm::pack8(hh);
-            }
-          }
-          // The four lanes of a quad hold the same row: fixed-order butterfly, then per warp.
-          dot += __shfl_xor_sync(0xffffffffu, dot, 1);
-          dot += __shfl_xor_sync(0xffffffffu, dot, 2);
-          if ((lane & 3) == 0) red_s[r][warp_n] = dot;
-        }
-    }
-    // H straight from global memory (persistent tiles): a thread's H loads go out CH at a time,
-    // all of a batch before any of its dA/dB stores. One element at a time, each load waited
-    // for its own round trip: H and dH alias (in place), so the compiler cannot hoist a load
-    // above the previous element's stores, and a 128x256 tile's thread made 64 such trips.
-    // Batching is safe for the same reason the in-place write is: each thread reads and writes
-    // only its own elements. Staged tiles read shared memory: one at a time.
-    constexpr int CH = STAGED || !Cfg::WGMMA ? 1 : Cfg::NT % 16 == 0 ? 16 : Cfg::NT % 8 == 0 ? 8 : 1;
-    if (!VEC && threadIdx.x < Cfg::THREADS)  // a warp-specialised tile's producer holds no accumulators
-#pragma unroll
-    for (int mt = 0; mt < Cfg::MT; ++mt)
-#pragma unroll 1  // rolled, as the 16-byte path's (the pair picked by selects)
-      for (int half = 0; half < 2; ++half) {
-        const int r = warp_m * Cfg::WTM + mt * 16 + (lane >> 2) + half * 8;
-        const bool row_ok = r < t.rows;
-        const float g = gate_s[r];
-        float dot = 0.f;
-#pragma unroll
-        for (int nc = 0; nc < Cfg::NT; nc += CH) {
-          __nv_bfloat162 a_raw[CH], b_raw[CH];
-#pragma unroll
-          for (int j = 0; j < CH; ++j) {
-            const int c = warp_n * Cfg::WTN + (nc + j) * 8 + (lane & 3) * 2;
-            if (!row_ok || c >= cols) continue;
-            a_raw[j] = *reinterpret_cast<const __nv_bfloat162*>(a_at(r, c));
-            if constexpr (G == 2) b_raw[j] = *reinterpret_cast<const __nv_bfloat162*>(b_at(r, c));
-          }
-#pragma unroll
-          for (int j = 0; j < CH; ++j) {
-            const int nt = nc + j;
-            const int c = warp_n * Cfg::WTN + nt * 8 + (lane & 3) * 2;
-            if (!row_ok || c >= cols) continue;
-            const float(&pair)[4] = acc[0][mt][nt];
-            const float d0 = half ? pair[2] : pair[0], d1 = half ? pair[3] : pair[1];
-            const float2 av = __bfloat1622float2(a_raw[j]);
-            const float2 bv = G == 2 ? __bfloat1622float2(b_raw[j]) : float2{0.f, 0.f};
-            float h0, h1, da0, da1, db0, db1;
-            act_bwd_element<ACT, G>(av.x, bv.x, d0, g, da0, db0, h0);
-            act_bwd_element<ACT, G>(av.y, bv.y, d1, g, da1, db1, h1);
-            if constexpr (G == 2) store_bf16x2(db_at(r, c), db0, db1);
-            store_bf16x2(da_at(r, c), da0, da1);
-            store_bf16x2(h_at(r, c), g * h0, g * h1);
-            dot += d0 * h0 + d1 * h1;
-          }
-        }
-        // The four lanes of a quad hold the same row: fixed-order butterfly, then per warp.
-        dot += __shfl_xor_sync(0xffffffffu, dot, 1);
-        dot += __shfl_xor_sync(0xffffffffu, dot, 2);
-        if ((lane & 3) == 0) red_s[r][warp_n] = dot;
-      }
-    // Consumers only: a warp-specialised block's producer is elsewhere (on the next tile when
-    // persistent). Every consumer is past its gate_s reads here, so the next tile may rewrite
-    // gate_s.
-    if (threadIdx.x < Cfg::THREADS) gemm::consumer_sync<Cfg>();
-    if constexpr (STAGED) {  // dA, dB over the tile's H rows, hg: whole 16-byte chunks
-      sa.store(dH + row0, G * N, t.rows, cols, threadIdx.x, Cfg::THREADS);
-      if constexpr (G == 2) sb.store(dH + row0 + N, G * N, t.rows, cols, threadIdx.x, Cfg::THREADS);
-      sh.store(hg + static_cast<i64>(t.slot0) * hg_ld + (t.n0 - hg_col0), hg_ld, t.rows, cols, threadIdx.x,
-               Cfg::THREADS);
-    }
-    for (int r = threadIdx.x; r < t.rows; r += Cfg::THREADS) {
-      float s = 0.f;
-#pragma unroll
-      for (int w = 0; w < Cfg::WARPS_N; ++w) s += red_s[r][w];
-      p.gate_partials[static_cast<i64>(t.slot0 + r) * N_TILES + t.n_tile] = s;
-    }
+    const int group = gemm::consumer_group<Cfg>();
+    gemm::dact_gate_epilogue<Cfg, N, ACT, STAGED>(acc, p, t, gate_s[group], red_s[group], hg_ld, hg_col0);
     return true;
   });
 }
 
 // ---- backward: weight gradients ----------------------------------------------------------
-// Bytes of one weight-gradient element for a GradOutput.
-MB_DEV int grad_bytes(int grad_output) { return grad_output == static_cast<int>(GradOutput::add_f32) ? 4 : 2; }
-
-template <class Cfg, class RowOut>
-MB_DEV void store_wgrad(const float (&acc)[1][Cfg::MT][Cfg::NT][4], int m_valid, int n_valid,
-                        int n0, int grad_output, RowOut row_out) {
-  gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
-    if (r >= m_valid || c >= n_valid) return;
-    void* row = row_out(r);
-    if (grad_output == static_cast<int>(GradOutput::add_f32)) {
-      float* o = static_cast<float*>(row) + n0 + c;
-      o[0] += v0;
-      o[1] += v1;
-    } else if (grad_output == static_cast<int>(GradOutput::add_bf16)) {
-      // Each output element belongs to one thread of one tile: a plain read-add-write.
-      bf16_t* o = static_cast<bf16_t*>(row) + n0 + c;
-      const float2 old = load_bf16x2(o);
-      store_bf16x2(o, old.x + v0, old.y + v1);
-    } else {
-      store_bf16x2(static_cast<bf16_t*>(row) + n0 + c, v0, v1);
-    }
-  });
-}
-
 // dW2_e = sum over slots of gather(dy)^T (g h): M = D, N = N, both operands gathered along k.
 // A column chunk (n_cols > 0) computes dW2 columns [n_col0, +n_cols) from that chunk of hg.
 template <class Cfg, int E, int D, int N>
@@ -410,7 +141,7 @@ MB_DEV void down_wgrad(const WgradArgs& p) {
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
     const gemm::WgradTile w = gemm::wgrad_tile<Cfg::BM, Cfg::BN, E, D, N, Cfg::SWAP>(tile, p.rv, n_cols);
     if (!w.valid) {
-      if constexpr (decltype(role)::kComputes) gemm::tma_store_drain<Cfg>();
+      if constexpr (decltype(role)::kConsumer) gemm::tma_store_drain<Cfg>();  // both ping-pong groups
       return false;
     }
     const bf16_t* dy = static_cast<const bf16_t*>(p.a);
@@ -425,18 +156,18 @@ MB_DEV void down_wgrad(const WgradArgs& p) {
       gemm::run_mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem(), pipe, role);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
-    if constexpr (Cfg::TSTORE) {  // bf16 gradients: staged, stored by TMA (tma_out0: this chunk's columns)
+    if constexpr (Cfg::TSTORE) {  // stored bf16 gradients: staged, stored by TMA (tma_out0: this chunk's columns)
       if (p.grad_output == static_cast<int>(GradOutput::store_bf16)) {
         gemm::tma_store_tile<Cfg>(acc, gemm::StoreTarget{&p.tma_out0, w.m0, w.n0, w.expert});
         return true;
       }
     }
-    const int elem = grad_bytes(p.grad_output);
+    const int elem = gemm::grad_bytes(p.grad_output);
     char* out = static_cast<char*>(p.out0);
-    store_wgrad<Cfg>(acc, D - w.m0, n_cols - w.n0, col0 + w.n0, p.grad_output, [&](int r) -> void* {
+    gemm::store_wgrad<Cfg>(acc, D - w.m0, n_cols - w.n0, col0 + w.n0, p.grad_output, [&](int r) -> void* {
       return out + ((static_cast<i64>(w.expert) * D + w.m0 + r) * N) * elem;
-  });
-  return true;
+    });
+    return true;
   });
 }
 
@@ -447,7 +178,7 @@ MB_DEV void up_wgrad(const WgradArgs& p) {
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
     const gemm::WgradTile w = gemm::wgrad_tile<Cfg::BM, Cfg::BN, E, G * N, D, Cfg::SWAP>(tile, p.rv);
     if (!w.valid) {
-      if constexpr (decltype(role)::kComputes) gemm::tma_store_drain<Cfg>();
+      if constexpr (decltype(role)::kConsumer) gemm::tma_store_drain<Cfg>();  // both ping-pong groups
       return false;
     }
     const bf16_t* dH = static_cast<const bf16_t*>(p.a);
@@ -475,16 +206,16 @@ MB_DEV void up_wgrad(const WgradArgs& p) {
         return true;
       }
     }
-    const int elem = grad_bytes(p.grad_output);
+    const int elem = gemm::grad_bytes(p.grad_output);
     char* out0 = static_cast<char*>(p.out0);
     char* out1 = static_cast<char*>(p.out1);
-    store_wgrad<Cfg>(acc, G * N - w.m0, D - w.n0, w.n0, p.grad_output, [&](int r) -> void* {
+    gemm::store_wgrad<Cfg>(acc, G * N - w.m0, D - w.n0, w.n0, p.grad_output, [&](int r) -> void* {
       const int m = w.m0 + r;
       char* base = m < N ? out0 : out1;
       const int row = m < N ? m : m - N;
       return base + ((static_cast<i64>(w.expert) * W_ROWS + row) * D) * elem;
-  });
-  return true;
+    });
+    return true;
   });
 }
 
@@ -516,12 +247,8 @@ MB_DEV void up_dgrad(const UpDgradArgs& p) {
       gemm::run_mainloop<Cfg, true, false>(acc, a, b, G * N, gemm::dynamic_smem(), pipe, role);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
-    bf16_t* dxs = static_cast<bf16_t*>(p.dxs);
-    gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
-      const int col = t.n0 + c;
-      if (r < t.rows && col < D) store_bf16x2(dxs + static_cast<i64>(t.slot0 + r) * D + col, v0, v1);
-  });
-  return true;
+    gemm::store_slot_rows<Cfg, D>(acc, static_cast<bf16_t*>(p.dxs), t);
+    return true;
   });
 }
 

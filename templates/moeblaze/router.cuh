@@ -2,7 +2,7 @@
 // logits; plus the two router GEMMs of backward (dx += dlogits W_r, dW_r = dlogits^T x).
 // One warp per token for the selection; E (<= 512) scores live in registers.
 #pragma once
-#include "moeblaze/gemm/ws_mainloop.cuh"
+#include "moeblaze/gemm/mainloop.cuh"
 #include "moeblaze/gemm/rows.cuh"
 #include "moeblaze/kernel_args.cuh"
 

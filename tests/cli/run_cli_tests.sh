@@ -78,7 +78,7 @@ check "regress bad force" 2 "--force|tile|family" "$BIN" regress --baseline "$(d
 # ---- tune without a GPU: compile into the cache, say timing needs a GPU --------------------
 if [ $gpu -eq 0 ]; then
   check "tune compile-only" 0 "skipped timing: timing needs a GPU" "$BIN" tune $SMALL -T 100 --candidates 2 --db "$TMP/t.db"
-  check "tune again: all cached" 0 "compiled 0 candidates \(12 already cached\)" "$BIN" tune $SMALL -T 100 --candidates 2 --db "$TMP/t.db"
+  check "tune again: all cached" 0 "compiled 0 candidates \([0-9]+ already cached\)" "$BIN" tune $SMALL -T 100 --candidates 2 --db "$TMP/t.db"
   check "tune json" 0 '"timed": false' "$BIN" tune $SMALL -T 100 --candidates 2 --db "$TMP/t.db" --json
   check "tune default db (MOEBLAZE_CACHE)" 0 "$TMP/default.db" "$BIN" tune $SMALL -T 100 --candidates 1
   # Two processes tuning the same shape into one file at once.
@@ -88,7 +88,7 @@ if [ $gpu -eq 0 ]; then
   p2=$!
   wait $p1; r1=$?; wait $p2; r2=$?
   check "concurrent tunes both succeed" 0 "ok" bash -c "[ $r1 -eq 0 ] && [ $r2 -eq 0 ] && echo ok || cat $TMP/c1.log $TMP/c2.log"
-  check "concurrent tunes: cache valid" 0 "integrity ok, 18 binaries checked, 0 bad" "$BIN" cache verify --db "$TMP/c.db"
+  check "concurrent tunes: cache valid" 0 "integrity ok, [0-9]+ binaries checked, 0 bad" "$BIN" cache verify --db "$TMP/c.db"
   check "bench without GPU" 3 "needs a GPU" "$BIN" bench $SMALL -T 64 --db "$TMP/t.db"
   check "regress without GPU" 0 "skipped, no GPU" "$BIN" regress --baseline "$(dirname "$0")/../../bench/baselines/qwen3-30b-a3b.json"
   check "forward-check without GPU" 3 "needs a GPU" "$BIN" forward-check $SMALL -T 8

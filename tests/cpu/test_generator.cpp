@@ -334,7 +334,7 @@ void check_wgmma_tiles_compile(Pick pick, bool warp_specialized, bool persistent
       std::vector<BuiltKernel> exact;
       for (const auto& b : built) {
         // Known: the persistent 128x128 up_proj (W1 and W3 stacked: 128 accumulators and the
-        // gated epilogue under the consumers' 200 registers) spills a few bytes (ws_mainloop.cuh).
+        // gated epilogue under the consumers' 200 registers) spills a few bytes (gemm/mainloop/warp_specialized.cuh).
         if (persistent && b.generated.spec.family == KernelFamily::up_proj) {
           INFO(b.compiled.kernel_name);
           CHECK(b.compiled.resources.spill_store_bytes <= 64);
@@ -572,4 +572,63 @@ TEST_CASE("generator: swapped tile orders compile for every expert GEMM and roun
   }
   const auto built = compile_all(specs, 0, true);
   check_compiled_without_spills(built);
+}
+
+TEST_CASE("generator: ping-pong tiles compile for every expert GEMM of every suite shape, order their mainloops with named barriers") {
+  auto tma = [](TileConfig t, bool store = false) {
+    t.tma = true;
+    t.tma_store = store;
+    return t;
+  };
+  const TileConfig p128 = tma(pingpong_tile(128, 128, 6));
+  CHECK(p128.to_string() == "128x128x64_w4x1_s6_pp_tma");
+  CHECK(TileConfig::parse("128x128x64_w4x1_s6_pp_tma") == p128);
+  CHECK(p128.pingpong());
+  CHECK(p128.persistent());
+  CHECK(p128.threads() == 384);  // two consumer warpgroups and the producer
+  const TileConfig store = tma(pingpong_tile(128, 128, 4), true);
+  CHECK(store.smem_bytes(1) == 4 * 32 * 1024 + 2 * 32 * 1024 + 1024);  // a staging buffer per consumer group
+  const LayerConfig q = find_preset("qwen3-30b-a3b").layer;
+  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, q, tma(pingpong_tile(256, 128, 3)), "sm_90a"})
+            .find("ping-pong tiles have bm 64 or 128") != std::string::npos);
+  TileConfig wide_warps = p128;
+  wide_warps.warps_m = 8;
+  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, q, wide_warps, "sm_90a"}).find("4 x 1 warps") !=
+        std::string::npos);
+  CHECK(legality_problem(KernelSpec{KernelFamily::router_logits, q, pingpong_tile(128, 64, 4), "sm_90a"})
+            .find("expert GEMMs") != std::string::npos);
+  // 128x256 a warpgroup would hold 256 accumulators a thread.
+  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, q, tma(pingpong_tile(128, 256, 4)), "sm_90a"})
+            .find("accumulator registers") != std::string::npos);
+  for (const Preset& p : presets()) {
+    if (!p.in_suite) continue;
+    SUBCASE(p.name.c_str()) {
+      std::vector<KernelSpec> specs;
+      for (KernelFamily f : {KernelFamily::up_proj, KernelFamily::down_proj, KernelFamily::down_dgrad,
+                             KernelFamily::up_dgrad, KernelFamily::up_wgrad, KernelFamily::down_wgrad}) {
+        const int nb = stacked_b_tiles(f, p.layer.activation);
+        const bool wgrad = f == KernelFamily::up_wgrad || f == KernelFamily::down_wgrad;
+        // 128 rows a warpgroup (two m64 slabs; the gated up-projection's fused W1|W3
+        // instruction split over two accumulator arrays) and 64 rows with 256 columns.
+        specs.push_back({f, p.layer, wgrad ? store : tma(pingpong_tile(128, 128 / nb, 6)), "sm_90a"});
+        if (f == KernelFamily::up_proj || f == KernelFamily::down_proj)
+          specs.push_back({f, p.layer, tma(pingpong_tile(64, 256 / nb, 5)), "sm_90a"});
+      }
+      for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), s.tile.to_string(), legality_problem(s));
+      const auto built = compile_all(specs, 0, true);
+      check_compiled_without_spills(built);
+      for (const auto& b : built) {
+        INFO(b.compiled.kernel_name);
+        const std::string& ptx = b.compiled.ptx;
+        // The mainloop turn: group 1 hands it to group 0 first, each group passes it on after
+        // issuing its tile's last k step, and waits for it before its own.
+        CHECK(std::regex_search(ptx, std::regex(R"(bar\.arrive %r\d+, %r\d+;)")));
+        CHECK(std::regex_search(ptx, std::regex(R"(bar\.sync %r\d+, %r\d+;)")));
+        CHECK(ptx.find("setmaxnreg.inc.sync.aligned.u32") != std::string::npos);
+        CHECK(ptx.find("setmaxnreg.dec.sync.aligned.u32") != std::string::npos);
+        CHECK(ptx.find("wgmma.mma_async.sync.aligned.m64n") != std::string::npos);
+        CHECK(ptx.find("mbarrier.try_wait.parity") != std::string::npos);
+      }
+    }
+  }
 }

@@ -1,4 +1,4 @@
-// The TMA-store epilogue's staging layout (templates/moeblaze/gemm/out_stage.cuh), checked on
+// The TMA-store epilogue's staging layout (templates/moeblaze/gemm/epilogue/out_stage.cuh), checked on
 // the host: every element of the tile has its own place, and one warp-wide write of the
 // wgmma accumulator layout hits 32 different banks.
 #include <doctest/doctest.h>
@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "moeblaze/gemm/out_stage.cuh"
+#include "moeblaze/gemm/epilogue/out_stage.cuh"
 
 namespace {
 

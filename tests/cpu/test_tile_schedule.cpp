@@ -1,4 +1,4 @@
-// The expert GEMMs' tile schedules (templates/moeblaze/gemm/tile_schedule.cuh) on the host:
+// The expert GEMMs' tile schedules (templates/moeblaze/gemm/scheduler/tile_schedule.cuh) on the host:
 // every output tile exactly once within the launched grid, in both schedule orders.
 #include <doctest/doctest.h>
 
@@ -8,7 +8,7 @@
 #include <tuple>
 #include <vector>
 
-#include "moeblaze/gemm/tile_schedule.cuh"
+#include "moeblaze/gemm/scheduler/tile_schedule.cuh"
 
 using namespace moeblaze;
 

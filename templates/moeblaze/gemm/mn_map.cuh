@@ -1,6 +1,6 @@
 // Which 16-byte chunks of an MN-major stage tile ([ROWS k][COLS], blocked 128-byte swizzle)
 // each loader thread copies. Host and device code: tests/cpu/test_mn_map.cpp checks it on the
-// host, MnMajorLoader (wgmma_mainloop.cuh) uses it.
+// host, MnMajorLoader (gemm/loaders.cuh) uses it.
 //
 // Eight consecutive threads copy the eight chunks of one 128-byte line (one row of one
 // 64-column block), so a warp-wide copy reads four whole lines: the fewest lines a 512-byte

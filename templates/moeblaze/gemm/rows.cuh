@@ -2,9 +2,8 @@
 // This is where gathers are fused: a row is either base + r*ld (contiguous) or
 // base + idx[r]*ld (gathered through expert_token_indices).
 #pragma once
-#include "moeblaze/device.cuh"
+#include "moeblaze/gemm/tile.cuh"
 #include "moeblaze/kernel_args.cuh"
-#include "moeblaze/gemm/tile_schedule.cuh"
 
 namespace moeblaze::gemm {
 
@@ -50,11 +49,5 @@ struct TwoPartRows {
   // Never gathered: its MN-major tiles load through TileLoader directly (StageLoader).
   static constexpr bool kMayGather = false;
 };
-
-// Dynamic shared memory, 128-byte aligned, shared by every kernel of a translation unit.
-MB_DEV bf16_t* dynamic_smem() {
-  extern __shared__ __align__(128) unsigned char moeblaze_smem[];
-  return reinterpret_cast<bf16_t*>(moeblaze_smem);
-}
 
 }  // namespace moeblaze::gemm

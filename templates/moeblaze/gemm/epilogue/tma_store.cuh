@@ -5,7 +5,7 @@
 // wait for every store of every tile; on short tiles (the weight gradients of many-expert
 // layers: 8 k-steps per 128x256 tile on deepseek-v3) that wait is a large part of the tile.
 //
-// Staging layout (gemm/out_stage.cuh): BN/64 blocks of [BM rows][64 columns] in the 128-byte
+// Staging layout (gemm/epilogue/out_stage.cuh): BN/64 blocks of [BM rows][64 columns] in the 128-byte
 // swizzle, which is what a [BM][64] box of a CU_TENSOR_MAP_SWIZZLE_128B map reads. A warp's
 // 4-byte writes (8 rows x 4 pairs of one chunk column) fall in 32 different banks.
 //
@@ -21,26 +21,16 @@
 // fences its writes into the async proxy and the consumers sync before the issue. A block
 // waits for its stores to complete before it exits (tma_store_drain).
 #pragma once
-#include "moeblaze/gemm/out_stage.cuh"
-#include "moeblaze/gemm/ws_mainloop.cuh"
+#include "moeblaze/gemm/epilogue/out_stage.cuh"
+#include "moeblaze/gemm/mainloop/warp_specialized.cuh"
+#include "moeblaze/ptx/tma.cuh"
 
 namespace moeblaze::gemm {
 
-MB_DEV void tma_store_3d(const TmaMap* map, const bf16_t* smem, int col, int row, int expert) {
-  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
-                   reinterpret_cast<unsigned long long>(map)),
-               "r"(col), "r"(row), "r"(expert), "r"(smem_addr(smem))
-               : "memory");
-}
-MB_DEV void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// The committed store groups have finished reading shared memory (the buffer may be rewritten).
-MB_DEV void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-// The committed store groups have completed (their writes are done).
-MB_DEV void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-
+// The staging buffer of this thread's consumer group (ping-pong groups each have one).
 template <class Cfg>
 MB_DEV bf16_t* staging_buffer() {
-  return align_1024(dynamic_smem()) + Cfg::STAGES * Cfg::STAGE_ELEMS;
+  return align_1024(dynamic_smem()) + Cfg::STAGES * Cfg::STAGE_ELEMS + consumer_group<Cfg>() * Cfg::BM * Cfg::BN;
 }
 
 // Where a staged tile goes: its first row and column in one expert's matrix of the map.
@@ -49,14 +39,14 @@ struct StoreTarget {
   int row, col, expert;
 };
 
-// Consumers only (threads [0, Cfg::THREADS)): stage the accumulator tile as bf16 and issue its
+// Consumers only (one tile's consumer group): stage the accumulator tile as bf16 and issue its
 // stores (thread 0). Returns with the stores in flight on persistent tiles; one-tile blocks
 // wait for them here.
 template <class Cfg>
 MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const StoreTarget& to) {
   static_assert(Cfg::TSTORE && Cfg::NB == 1, "TMA-store tiles have one B tile");
   bf16_t* out = staging_buffer<Cfg>();
-  const bool issuer = threadIdx.x == 0;
+  const bool issuer = consumer_tid<Cfg>() == 0;
   if (issuer) bulk_wait_read_all();  // the previous tile's stores have read the buffer
   consumer_sync<Cfg>();
   for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
@@ -77,7 +67,7 @@ MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const Sto
 template <class Cfg>
 MB_DEV void tma_store_drain() {
   if constexpr (Cfg::TSTORE && Cfg::PERSISTENT)
-    if (threadIdx.x == 0) bulk_wait_all();
+    if (is_consumer<Cfg>() && consumer_tid<Cfg>() == 0) bulk_wait_all();
 }
 
 }  // namespace moeblaze::gemm

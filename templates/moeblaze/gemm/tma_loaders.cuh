@@ -2,42 +2,14 @@
 // one thread of the producer warpgroup issues a whole stage tile with cp.async.bulk.tensor,
 // which lands in the 128-byte-swizzled layout the wgmma descriptors read (the host encodes
 // the tensor map with CU_TENSOR_MAP_SWIZZLE_128B and a box of [rows][64 k] = 128-byte rows,
-// the K-major atom of wgmma_mainloop.cuh) and completes its bytes on the stage's mbarrier.
-// The producer's other 127 threads, and its registers and issue slots, stay with the
-// gathered operand's cp.async copies.
+// the K-major atom of gemm/mainloop/wgmma_multistage.cuh) and completes its bytes on the
+// stage's mbarrier. The producer's other 127 threads, and its registers and issue slots, stay
+// with the gathered operand's cp.async copies.
 #pragma once
-#include "moeblaze/gemm/wgmma_mainloop.cuh"
-#include "moeblaze/kernel_args.cuh"
+#include "moeblaze/gemm/loaders.cuh"
+#include "moeblaze/ptx/tma.cuh"
 
 namespace moeblaze::gemm {
-
-typedef unsigned long long mbar_t;
-
-// The barrier's current phase completes only when `bytes` more have landed through
-// complete_tx (on top of its pending arrivals). Issue before the copies it covers.
-MB_DEV void mbar_expect_tx(mbar_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
-               : "memory");
-}
-
-// Box at (k, row) of a 2-D tensor map into shared memory (1024-byte aligned for the 128-byte
-// swizzle); its bytes complete on `bar`. Out-of-range elements land as zeros and count too.
-MB_DEV void tma_load_2d(bf16_t* smem, const TmaMap* map, int k, int row, mbar_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-          smem_addr(smem)),
-      "l"(reinterpret_cast<unsigned long long>(map)), "r"(k), "r"(row), "r"(smem_addr(bar))
-      : "memory");
-}
-
-MB_DEV void tma_prefetch_map(const TmaMap* map) {
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
-}
-template <int P>
-MB_DEV void tma_prefetch_maps(const TmaMap* const (&maps)[P]) {
-#pragma unroll
-  for (int p = 0; p < P; ++p) tma_prefetch_map(maps[p]);
-}
 
 // An MN-major stage [ROWS k][COLS] from one map: COLS/64 boxes of [ROWS][64] (one block of
 // the blocked layout each) at (col0 + 64j, row).

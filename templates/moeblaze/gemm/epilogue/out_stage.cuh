@@ -1,5 +1,5 @@
 // Where each output element goes in the staging buffer of a TMA-store epilogue
-// (gemm/tma_store.cuh): BN/64 blocks of [BM rows][64 columns], 16-byte chunk c of row r at
+// (gemm/epilogue/tma_store.cuh): BN/64 blocks of [BM rows][64 columns], 16-byte chunk c of row r at
 // chunk c ^ (r & 7) (the 128-byte swizzle a [BM][64] box of a CU_TENSOR_MAP_SWIZZLE_128B map
 // reads). Host and device code: tests/cpu/test_out_stage.cpp checks it on the host.
 #pragma once

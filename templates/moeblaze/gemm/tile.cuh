@@ -1,0 +1,109 @@
+// The tile configuration of a GEMM (gemm::Tile, the generator's TileConfig on the device side)
+// and the shared-memory helpers every mainloop uses.
+#pragma once
+#include "moeblaze/device.cuh"
+
+namespace moeblaze::gemm {
+
+// WGMMA_: 0 = mma.sync warps, 1 = wgmma warpgroups (mainloop/wgmma_multistage.cuh), 2 = wgmma
+// consumer warpgroups plus one producer warpgroup (mainloop/warp_specialized.cuh), 3 = the same,
+// persistent and cooperative: a block walks tiles blockIdx.x, +gridDim.x, ... and its consumer
+// warpgroups split each tile's rows while the producer fills the next tile's stages
+// (gemm::for_each_tile), 4 = persistent ping-pong: two consumer warpgroups own alternate tiles
+// whole, and one runs its epilogue while the other runs its mainloop (mainloop/pingpong.cuh).
+// With wgmma WARPS_N = 1 and WARPS_M = BM/16 (cooperative: one 16-row slab per warp) or 4
+// (ping-pong: one warpgroup per tile, BM/64 m64 slabs per warp), which is how wgmma lays out its
+// accumulators. THREADS counts the threads that hold one tile's accumulators; CONSUMER_THREADS
+// all consumers (two groups of THREADS in ping-pong); BLOCK_THREADS is the launch size. TMA_:
+// the operands that are not gathered come by TMA (gemm/tma_loaders.cuh; warp-specialised tiles of
+// the expert GEMMs).
+template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_, int NB_ = 1, int WGMMA_ = 0,
+          int TMA_ = 0, int SWAP_ = 0, int TSTORE_ = 0>
+struct Tile {
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_;
+  static constexpr int STAGES = STAGES_, NB = NB_;
+  static constexpr bool TMA = TMA_ != 0;
+  static constexpr bool SWAP = SWAP_ != 0;  // the other tile order (gemm/scheduler/tile_schedule.cuh)
+  // The output tile leaves through shared memory by TMA stores (gemm/epilogue/tma_store.cuh), so the
+  // consumers go on to the next tile while it drains (weight gradients).
+  static constexpr bool TSTORE = TSTORE_ != 0;
+  static_assert(!TSTORE || WGMMA_ >= 2, "TMA-store epilogues are for warp-specialised tiles");
+  static_assert(!TMA || WGMMA_ >= 2, "TMA loads are issued by a producer warpgroup");
+  static constexpr bool WGMMA = WGMMA_ != 0;
+  static constexpr bool WARP_SPECIALIZED = WGMMA_ >= 2;
+  static constexpr bool PERSISTENT = WGMMA_ >= 3;
+  static constexpr bool PINGPONG = WGMMA_ == 4;
+  static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
+  static_assert(!PINGPONG || THREADS == 128, "a ping-pong consumer group is one warpgroup");
+  static constexpr int CONSUMER_GROUPS = PINGPONG ? 2 : 1;
+  static constexpr int CONSUMER_THREADS = THREADS * CONSUMER_GROUPS;
+  // The producer is one warpgroup (ptxas allocates registers of wgmma kernels by whole
+  // warpgroups: a smaller producer would not leave the consumers more registers).
+  static constexpr int PRODUCER_THREADS = WARP_SPECIALIZED ? 128 : 0;
+  static constexpr int BLOCK_THREADS = CONSUMER_THREADS + PRODUCER_THREADS;
+  static constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;  // warp tile
+  static constexpr int MT = WTM / 16, NT = WTN / 8;             // mma tiles per warp
+  // Tile row of accumulator slab mt of warp row warp_m (then + lane/4, + 8 for the upper half):
+  // mma.sync warps own WTM consecutive rows; a wgmma warpgroup's m64 slab mt gives its warp w
+  // rows 64 mt + 16 w.
+  MB_HD static constexpr int acc_row(int warp_m, int mt) {
+    return WGMMA ? mt * 64 + warp_m * 16 : warp_m * WTM + mt * 16;
+  }
+  static_assert(BM % (16 * WARPS_M) == 0 && BN % (8 * WARPS_N) == 0, "warp tile must be 16x8 multiples");
+  static_assert(BK % 64 == 0 && BM % 64 == 0 && BN % 64 == 0, "tile sides must be multiples of 64");
+  static_assert(STAGES >= 2, "at least double buffering");
+  static constexpr int A_ELEMS = BM * BK, B_ELEMS = NB * BN * BK;
+  static constexpr int STAGE_ELEMS = A_ELEMS + B_ELEMS;
+  static constexpr int SMEM_BYTES = STAGES * STAGE_ELEMS * 2;
+  // TSTORE: the bf16 output tile's staging buffer, after the stages (1024-byte aligned: every
+  // stage is a multiple of 1 KiB).
+  // Ping-pong groups each stage their own tile.
+  static constexpr int OUT_ELEMS = TSTORE ? BM * BN * CONSUMER_GROUPS : 0;
+};
+
+// Which consumer a thread is. Consumers are threads [0, CONSUMER_THREADS), the producer
+// warpgroup (warp-specialised tiles) follows. consumer_tid is the thread's index inside its
+// tile's consumers (threadIdx.x but in ping-pong, where each group of THREADS owns a tile).
+template <class Cfg>
+MB_DEV int consumer_group() {
+  if constexpr (Cfg::PINGPONG) return static_cast<int>(threadIdx.x) / Cfg::THREADS;
+  else return 0;
+}
+template <class Cfg>
+MB_DEV int consumer_tid() {
+  if constexpr (Cfg::PINGPONG) return static_cast<int>(threadIdx.x) % Cfg::THREADS;
+  else return threadIdx.x;
+}
+template <class Cfg>
+MB_DEV bool is_consumer() {
+  return threadIdx.x < Cfg::CONSUMER_THREADS;
+}
+template <class Cfg>
+MB_DEV int producer_tid() {
+  return static_cast<int>(threadIdx.x) - Cfg::CONSUMER_THREADS;
+}
+
+// std::conditional without the standard library (NVRTC compiles these headers alone).
+template <bool B, class T, class F>
+struct PickType {
+  using type = T;
+};
+template <class T, class F>
+struct PickType<false, T, F> {
+  using type = F;
+};
+
+// Rounds the dynamic shared memory up to the 1024-byte alignment the swizzled atoms need
+// (the host reserves 1 KiB extra for wgmma tiles).
+MB_DEV bf16_t* align_1024(bf16_t* p) {
+  const unsigned long long a = reinterpret_cast<unsigned long long>(p);
+  return reinterpret_cast<bf16_t*>((a + 1023) & ~1023ull);
+}
+
+// Dynamic shared memory, 128-byte aligned, shared by every kernel of a translation unit.
+MB_DEV bf16_t* dynamic_smem() {
+  extern __shared__ __align__(128) unsigned char moeblaze_smem[];
+  return reinterpret_cast<bf16_t*>(moeblaze_smem);
+}
+
+}  // namespace moeblaze::gemm

@@ -1,0 +1,22 @@
+// PTX wrappers: shared-memory addresses and cp.async (16-byte global->shared copies that
+// complete in commit groups). Compiled by NVRTC only.
+#pragma once
+#include "moeblaze/common.cuh"
+
+namespace moeblaze {
+
+MB_DEV unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+// 16-byte global->shared copy; when !valid it writes 16 zero bytes and reads nothing.
+MB_DEV void cp_async16(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
+               "l"(gmem), "r"(valid ? 16 : 0));
+}
+MB_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+MB_DEV void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+}  // namespace moeblaze
