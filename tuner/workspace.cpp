@@ -44,6 +44,12 @@ TimingWorkspace::TimingWorkspace(const LayerConfig& layer_in, int64_t T, const s
   w1 = random_bf16(size_t(E) * layer.w1_rows() * d, std::sqrt(3.f / d), seed * 100 + 90);
   if (separate_w3) w3 = random_bf16(size_t(E) * n * d, std::sqrt(3.f / d), seed * 100 + 91);
   w2 = random_bf16(size_t(E) * d * n, std::sqrt(3.f / n), seed * 100 + 92);
+  if (layer.expert_bias) {
+    bias_up = random_bf16(size_t(E) * layer.gate_parts() * n, 0.5f, seed * 100 + 95);
+    bias_down = random_bf16(size_t(E) * d, 0.5f, seed * 100 + 96);
+    dbias_up = DeviceBuffer(bias_up.size());
+    dbias_down = DeviceBuffer(bias_down.size());
+  }
   if (layer.router != RouterKind::none) {
     wr = random_bf16(size_t(E) * d, std::sqrt(3.f / d), seed * 100 + 93);
   } else {
@@ -83,6 +89,10 @@ ForwardArgs TimingWorkspace::forward_args(int r) const {
   a.w1 = {w1.get(), DType::bf16, w1_shape(layer)};
   if (is_gated(layer.activation) && !layer.fused_gate_up()) a.w3 = {w3.get(), DType::bf16, {E, n, d}};
   a.w2 = {w2.get(), DType::bf16, {E, d, n}};
+  if (layer.expert_bias) {
+    a.bias_up = {bias_up.get(), DType::bf16, {E, int64_t{layer.gate_parts()} * n}};
+    a.bias_down = {bias_down.get(), DType::bf16, {E, d}};
+  }
   a.y = {y.get(), DType::bf16, {T, d}};
   a.mode = mode;
   a.saved = saved.get();
@@ -104,6 +114,12 @@ BackwardArgs TimingWorkspace::backward_args(int r) const {
   b.w1 = f.w1;
   b.w3 = f.w3;
   b.w2 = f.w2;
+  b.bias_up = f.bias_up;
+  b.bias_down = f.bias_down;
+  if (layer.expert_bias) {
+    b.d_bias_up = {dbias_up.get(), DType::bf16, f.bias_up.shape};
+    b.d_bias_down = {dbias_down.get(), DType::bf16, f.bias_down.shape};
+  }
   b.dx = {dx.get(), DType::bf16, {T, d}};
   b.dw1 = {dw1.get(), DType::bf16, w1_shape(layer)};
   if (is_gated(layer.activation) && !layer.fused_gate_up()) b.dw3 = {dw3.get(), DType::bf16, {E, n, d}};
