@@ -17,7 +17,8 @@ Weight layouts, read as the model holds them:
 - GPT-OSS (gate_up_proj [E, d, 2n] with gate and up columns interleaved, down_proj [E, n, d],
   biases, its clamped SwiGLU): see `_gpt_oss_weights`.
 Anything else raises UnsupportedExperts naming the module and what it cannot run; nothing
-falls back silently.
+falls back silently. Expert-parallel routing (ids outside [0, E) for experts on other ranks) is
+not supported: the index build leaves such slots out and flags them in the layer's status word.
 """
 from __future__ import annotations
 
@@ -153,11 +154,12 @@ def _gpt_oss_weights(module, spec: ExpertsSpec):
                                f"columns interleaved and down_proj as [E, n, d]; moeblaze copies them into "
                                f"[E, 2n, d] and [E, d, n] on every forward ({2 * 3 * E * n * d / 2**20:.0f} MiB a "
                                f"layer in bf16), and their gradients back")
-    gu = module.gate_up_proj
+    gu, down = _local(module.gate_up_proj), _local(module.down_proj)
+    bu, bd = _local(module.gate_up_proj_bias), _local(module.down_proj_bias)
     w13 = gu.view(E, d, n, 2).permute(0, 3, 2, 1).reshape(E, 2 * n, d).contiguous()
-    w2 = module.down_proj.transpose(1, 2).contiguous()
-    b13 = module.gate_up_proj_bias.view(E, n, 2).transpose(1, 2).reshape(E, 2 * n).contiguous()
-    return w13, w2, b13, module.down_proj_bias.contiguous()
+    w2 = down.transpose(1, 2).contiguous()
+    b13 = bu.view(E, n, 2).transpose(1, 2).reshape(E, 2 * n).contiguous()
+    return w13, w2, b13, bd.contiguous()
 
 
 def _check_inputs(module, spec: ExpertsSpec, hidden_states: Tensor, top_k_index: Tensor,
