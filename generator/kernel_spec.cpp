@@ -136,9 +136,9 @@ int stacked_b_tiles(KernelFamily f, Activation act) {
 }
 
 std::string TileConfig::to_string() const {
-  return fmt::format("{}x{}x{}_w{}x{}_s{}{}{}{}{}", bm, bn, bk, warps_m, warps_n, stages,
+  return fmt::format("{}x{}x{}_w{}x{}_s{}{}{}{}{}{}", bm, bn, bk, warps_m, warps_n, stages,
                      wgmma == 4 ? "_pp" : wgmma == 3 ? "_wsp" : wgmma == 2 ? "_ws" : wgmma == 1 ? "_wg" : "", tma ? "_tma" : "",
-                     tma_store ? "_tstore" : "", swap ? "_swap" : "");
+                     tma_store ? "_tstore" : "", swap ? "_swap" : "", cluster_m == 2 ? "_c2" : "");
 }
 
 TileConfig wgmma_tile(int bm, int bn, int stages, bool warp_specialized, bool persistent) {
@@ -173,6 +173,7 @@ TileConfig TileConfig::parse(const std::string& s) {
     if (has) kind.resize(kind.size() - suffix.size());
     return has;
   };
+  if (strip("_c2")) t.cluster_m = 2;
   t.swap = strip("_swap");
   t.tma_store = strip("_tstore");
   t.tma = strip("_tma");
@@ -181,7 +182,7 @@ TileConfig TileConfig::parse(const std::string& s) {
   else if (kind == "_wsp") t.wgmma = 3;
   else if (kind == "_pp") t.wgmma = 4;
   if ((n == 7 && (t.wgmma == 0 || used != static_cast<int>(s.size()))) || (n != 6 && n != 7))
-    throw InvalidArgument("tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS[_wg|_ws|_wsp|_pp][_tma][_tstore][_swap] (e.g. "
+    throw InvalidArgument("tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS[_wg|_ws|_wsp|_pp][_tma][_tstore][_swap][_c2] (e.g. "
                                               "128x128x64_w2x4_s4, 128x256x64_w8x1_s4_ws_tma)",
                                               s));
   return t;
@@ -222,6 +223,8 @@ std::string KernelSpec::name() const {
   return n;
 }
 
+int KernelSpec::cluster_size() const { return is_tiled(family) ? tile.cluster_m : 1; }
+
 std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
   if (!is_tiled(spec.family)) return {};
   const TileConfig& t = spec.tile;
@@ -259,6 +262,16 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
       return "TMA down_dgrad tiles need d % 64 == 0 (W2 k stages inside one expert)";
     if (spec.family == KernelFamily::up_dgrad && spec.layer.shape.ffn % 64)
       return "TMA up_dgrad tiles need n % 64 == 0 (W1/W3 k stages inside one matrix)";
+  }
+  if (t.cluster_m != 1) {
+    if (t.cluster_m != 2) return "clusters are of 1 or 2 blocks";
+    if (!t.persistent() || !t.tma) return "cluster pairs are persistent TMA tiles (_wsp or _pp with _tma)";
+    const bool slot_family = spec.family == KernelFamily::up_proj || spec.family == KernelFamily::down_proj ||
+                             spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::up_dgrad;
+    if (!slot_family) return "cluster pairs share the weight operand of the slot-tiled expert GEMMs (not the weight gradients)";
+    if (t.bm * 2 != 128 && t.bm * 2 != 256) return "a cluster pair's tile (2 bm rows) must be 128 or 256 rows";
+    if ((spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::up_dgrad) && t.bn % 128)
+      return "cluster pairs split MN-major weight stages by 64-column boxes: bn a multiple of 128";
   }
   if (t.tma_store) {
     if (spec.family != KernelFamily::up_wgrad && spec.family != KernelFamily::down_wgrad)
@@ -300,8 +313,13 @@ GeneratedKernel generate(const KernelSpec& spec) {
   if (is_tiled(spec.family)) {
     const TileConfig& t = spec.tile;
     const int nb = stacked_b_tiles(spec.family, spec.layer.activation);
-    targs = fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>, {}", t.bm, t.bn, t.bk,
-                        t.warps_m, t.warps_n, t.stages, nb, t.wgmma, t.tma ? 1 : 0, t.swap ? 1 : 0, t.tma_store ? 1 : 0, targs);
+    targs = t.cluster_m == 1
+                ? fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>, {}", t.bm, t.bn, t.bk,
+                              t.warps_m, t.warps_n, t.stages, nb, t.wgmma, t.tma ? 1 : 0, t.swap ? 1 : 0,
+                              t.tma_store ? 1 : 0, targs)
+                : fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>, {}", t.bm, t.bn, t.bk,
+                              t.warps_m, t.warps_n, t.stages, nb, t.wgmma, t.tma ? 1 : 0, t.swap ? 1 : 0,
+                              t.tma_store ? 1 : 0, t.cluster_m, targs);
     g.threads = t.threads();
     g.dynamic_smem = t.smem_bytes(nb);
   } else {

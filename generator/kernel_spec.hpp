@@ -71,6 +71,11 @@ struct TileConfig {
   // drains. Weight gradients (bf16 outputs; fp32 accumulation keeps the direct stores), on
   // warp-specialised tiles; costs a [bm][bn] bf16 staging buffer of shared memory.
   bool tma_store = false;
+  // Blocks per thread-block cluster along M ("_c2": 2): the pair computes the two halves of a
+  // 2*bm-row tile and shares its weight operand, each block loading half of every stage by TMA
+  // multicast into both (persistent TMA tiles of the slot-tiled expert GEMMs; launched with
+  // cuLaunchKernelEx and a cluster dimension).
+  int cluster_m = 1;
   bool warp_specialized() const { return wgmma >= 2; }
   bool persistent() const { return wgmma >= 3; }
   bool pingpong() const { return wgmma == 4; }
@@ -88,7 +93,7 @@ struct TileConfig {
   int smem_bytes(int nb) const {
     return stages * (bm * bk + nb * bn * bk) * 2 + (tma_store ? bm * bn * 2 * consumer_groups() : 0) + (wgmma ? 1024 : 0);
   }
-  std::string to_string() const;  // "128x128x64_w2x4_s3", "..._wg" / "..._ws" / "..._wsp" / "..._pp" for wgmma, then "_tma", "_tstore", "_swap"
+  std::string to_string() const;  // "128x128x64_w2x4_s3", "..._wg" / "..._ws" / "..._wsp" / "..._pp" for wgmma, then "_tma", "_tstore", "_swap", "_c2"
   // Inverse of to_string; throws InvalidArgument("tile", ...) on a malformed string.
   static TileConfig parse(const std::string& s);
   bool operator==(const TileConfig&) const = default;
@@ -100,6 +105,9 @@ struct KernelSpec {
   TileConfig tile;  // meaningful for tiled families only
   std::string arch = "sm_90a";
   std::string name() const;  // unique, readable: the extern "C" symbol
+  // Blocks per thread-block cluster the kernel is launched with (1: no clusters; gate_grad
+  // carries down_dgrad's tile but is no GEMM).
+  int cluster_size() const;
 };
 
 // Why a spec cannot be built (empty when it can): the tuner skips such configurations.

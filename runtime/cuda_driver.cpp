@@ -171,8 +171,30 @@ float Event::elapsed_ms(const Event& start, const Event& end) {
   return ms;
 }
 
+namespace {
+
+CUlaunchConfig launch_config(unsigned grid, unsigned threads, unsigned dynamic_smem, CUstream stream,
+                             CUlaunchAttribute* cluster_dim, int cluster) {
+  CUlaunchConfig c{};
+  c.gridDimX = grid;
+  c.gridDimY = c.gridDimZ = 1;
+  c.blockDimX = threads;
+  c.blockDimY = c.blockDimZ = 1;
+  c.sharedMemBytes = dynamic_smem;
+  c.hStream = stream;
+  cluster_dim->id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  cluster_dim->value.clusterDim.x = static_cast<unsigned>(cluster);
+  cluster_dim->value.clusterDim.y = cluster_dim->value.clusterDim.z = 1;
+  c.attrs = cluster_dim;
+  c.numAttrs = 1;
+  return c;
+}
+
+}  // namespace
+
 LoadedModule::LoadedModule(const std::vector<char>& cubin, const std::string& kernel_name, int dynamic_smem,
-                           int threads) {
+                           int threads, int cluster)
+    : cluster_(cluster) {
   const CudaDriver& d = cuda_driver();
   MB_CU(d.cuModuleLoadData(&module_, cubin.data()));
   try {
@@ -188,11 +210,34 @@ LoadedModule::LoadedModule(const std::vector<char>& cubin, const std::string& ke
       throw Error(fmt::format("kernel {}: no block of {} threads and {} bytes of shared memory fits a multiprocessor",
                               kernel_name, threads, dynamic_smem));
     resident_blocks_ = per_sm * sms;
+    if (cluster_ > 1) {  // pairs sit in one GPC each: fewer than (blocks per SM x SMs) / 2 of them fit
+      CUlaunchAttribute dim;
+      const CUlaunchConfig c = launch_config(static_cast<unsigned>(resident_blocks_), static_cast<unsigned>(threads),
+                                             static_cast<unsigned>(dynamic_smem), nullptr, &dim, cluster_);
+      int clusters = 0;
+      MB_CU(d.cuOccupancyMaxActiveClusters(&clusters, function_, &c));
+      if (clusters < 1)
+        throw Error(fmt::format("kernel {}: no cluster of {} blocks of {} threads and {} bytes of shared memory fits",
+                                kernel_name, cluster_, threads, dynamic_smem));
+      resident_blocks_ = clusters * cluster_;
+    }
   } catch (...) {
     d.cuModuleUnload(module_);
     throw;
   }
 }
+void LoadedModule::launch(unsigned grid, unsigned threads, unsigned dynamic_smem, CUstream stream, void** params,
+                          const char* kernel_name) const {
+  const CudaDriver& d = cuda_driver();
+  if (cluster_ == 1) {
+    check_cuda(d.cuLaunchKernel(function_, grid, 1, 1, threads, 1, 1, dynamic_smem, stream, params, nullptr), kernel_name);
+    return;
+  }
+  CUlaunchAttribute dim;
+  const CUlaunchConfig c = launch_config(grid, threads, dynamic_smem, stream, &dim, cluster_);
+  check_cuda(d.cuLaunchKernelEx(&c, function_, params, nullptr), kernel_name);
+}
+
 LoadedModule::~LoadedModule() {
   if (module_) cuda_driver().cuModuleUnload(module_);
 }

@@ -25,7 +25,8 @@ struct CudaDriver {
   X(cuMemcpyDtoHAsync) X(cuMemsetD8Async) X(cuMemsetD32Async) X(cuMemGetInfo)               \
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuEventCreate)              \
   X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)         \
-  X(cuCtxGetDevice) X(cuOccupancyMaxActiveBlocksPerMultiprocessor) X(cuTensorMapEncodeTiled)
+  X(cuCtxGetDevice) X(cuOccupancyMaxActiveBlocksPerMultiprocessor) X(cuTensorMapEncodeTiled)     \
+  X(cuLaunchKernelEx) X(cuOccupancyMaxActiveClusters)
 #define MOEBLAZE_DECLARE(name) decltype(&::name) name = nullptr;
   MOEBLAZE_DRIVER_FUNCTIONS(MOEBLAZE_DECLARE)
 #undef MOEBLAZE_DECLARE
@@ -124,20 +125,29 @@ class Event {
 // A loaded cubin with one kernel in it.
 class LoadedModule {
  public:
-  // Also works out how many blocks of `threads` threads the device holds at once.
-  LoadedModule(const std::vector<char>& cubin, const std::string& kernel_name, int dynamic_smem, int threads);
+  // Also works out how many blocks of `threads` threads the device holds at once; `cluster`:
+  // blocks per thread-block cluster the kernel is launched with (1: no clusters).
+  LoadedModule(const std::vector<char>& cubin, const std::string& kernel_name, int dynamic_smem, int threads,
+               int cluster = 1);
   ~LoadedModule();
   LoadedModule(const LoadedModule&) = delete;
   LoadedModule& operator=(const LoadedModule&) = delete;
   CUfunction function() const { return function_; }
   // Blocks resident on the whole device at once (occupancy x multiprocessors): the grid of a
   // persistent kernel.
+  // With clusters: the blocks of the clusters the device holds at once.
   int resident_blocks() const { return resident_blocks_; }
+  int cluster() const { return cluster_; }
+  // Launches `grid` blocks (a multiple of cluster()) on `stream`; cuLaunchKernelEx with the
+  // cluster dimension when cluster() > 1. A failure is a CudaError naming `kernel_name`.
+  void launch(unsigned grid, unsigned threads, unsigned dynamic_smem, CUstream stream, void** params,
+              const char* kernel_name) const;
 
  private:
   CUmodule module_ = nullptr;
   CUfunction function_ = nullptr;
   int resident_blocks_ = 0;
+  int cluster_ = 1;
 };
 
 }  // namespace moeblaze

@@ -76,7 +76,7 @@ void KernelSet::load() {
   for (auto& k : kernels_)
     if (!k.loaded)
       k.loaded = std::make_shared<LoadedModule>(k.compiled.cubin, k.compiled.kernel_name, k.generated.dynamic_smem,
-                                                k.generated.threads);
+                                                k.generated.threads, k.generated.spec.cluster_size());
 }
 
 bool KernelSet::loaded() const {
@@ -98,15 +98,15 @@ void KernelSet::launch_raw(KernelFamily f, long long grid, void* args, CUstream 
   if (!k.loaded) throw Error(fmt::format("kernel {} launched before KernelSet::load()", k.compiled.kernel_name));
   // A persistent kernel walks all `grid` tiles (its schedule ends on the device) with the
   // blocks the GPU holds at once.
+  // Cluster pairs walk pair tiles (at most as many as `grid`, the tiles of one block each).
+  const int cluster = k.loaded->cluster();
   if (is_tiled(f) && k.generated.spec.tile.persistent())
-    grid = std::min<long long>(grid, k.loaded->resident_blocks());
+    grid = std::min<long long>(grid, k.loaded->resident_blocks() / cluster) * cluster;
   if (grid > 0x7fffffffLL) throw Error(fmt::format("kernel {}: grid of {} blocks is too large", to_string(f), grid));
   void* params[] = {args};
   if (observer) observer->before(f, stream);
-  check_cuda(cuda_driver().cuLaunchKernel(k.loaded->function(), static_cast<unsigned>(grid), 1, 1,
-                                          static_cast<unsigned>(k.generated.threads), 1, 1,
-                                          static_cast<unsigned>(k.generated.dynamic_smem), stream, params, nullptr),
-             k.compiled.kernel_name.c_str());
+  k.loaded->launch(static_cast<unsigned>(grid), static_cast<unsigned>(k.generated.threads),
+                   static_cast<unsigned>(k.generated.dynamic_smem), stream, params, k.compiled.kernel_name.c_str());
   if (observer) observer->after(f, stream);
 }
 

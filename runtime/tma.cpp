@@ -98,7 +98,8 @@ void attach_weight_maps(UpProjArgs& up, const TileConfig& t, const LayerConfig& 
 void attach_weight_maps(DownProjArgs& down, const TileConfig& t, const LayerConfig& l, int64_t h_rows) {
   if (!t.tma) return;
   const int64_t rows = int64_t{l.shape.experts} * l.shape.hidden;
-  down.tma_w2 = encode_weight_map(reinterpret_cast<CUdeviceptr>(down.w2), rows, l.shape.ffn, t.bn, "w2");
+  // A cluster pair loads W2's stage in two halves of rows, one from each block (multicast).
+  down.tma_w2 = encode_weight_map(reinterpret_cast<CUdeviceptr>(down.w2), rows, l.shape.ffn, t.bn / t.cluster_m, "w2");
   down.tma_h = encode_weight_map(reinterpret_cast<CUdeviceptr>(down.h), h_rows, l.shape.ffn, t.bm, "h");
 }
 // Backward: W2 for the down dgrad ([E*d, n], 64x64 boxes of MN-major k stages); dH ([T*K, G*n],

@@ -33,6 +33,18 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
     return t;
   };
   if (arch == "sm_90a" && def.warp_specialized()) add(with_tma(def));
+  // Cluster pairs sharing the weight operand by TMA multicast: the default made a pair (its
+  // persistent form where it is one-tile), and the 64-row ping-pong tile as a pair (the pair
+  // loads the weight stage once for 128 rows, as the cooperative 128-row tile does).
+  if (arch == "sm_90a") {
+    TileConfig pair = with_tma(def);
+    if (pair.wgmma == 2) pair.wgmma = 3;
+    pair.cluster_m = 2;
+    add(pair);
+    TileConfig pp = with_tma(pingpong_tile(64, 256 / stacked_b_tiles(family, layer.activation), 5));
+    pp.cluster_m = 2;
+    add(pp);
+  }
   // Ping-pong tiles (two consumer warpgroups on alternate tiles, one's epilogue under the other's
   // mainloop): 128 rows a warpgroup (two m64 slabs; the gated up-projection's W1 and W3 tiles 64
   // wide each) or 64 rows with the full 256 columns, TMA for the operands that are not gathered,

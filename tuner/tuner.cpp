@@ -253,7 +253,8 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
         if (!c.built) continue;
         try {
           c.built->loaded = std::make_shared<LoadedModule>(c.built->compiled.cubin, c.built->compiled.kernel_name,
-                                                           c.built->generated.dynamic_smem, c.built->generated.threads);
+                                                           c.built->generated.dynamic_smem, c.built->generated.threads,
+                                                           c.built->generated.spec.cluster_size());
           KernelSet set = base->with_kernel(*c.built);
           if (f == KernelFamily::down_dgrad) {  // gate_grad reads down_dgrad's tiles
             KernelSpec gs{KernelFamily::gate_grad, layer, c.spec.tile, arch};

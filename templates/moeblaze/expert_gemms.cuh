@@ -30,11 +30,12 @@ MB_DEV void up_proj(const UpProjArgs& p) {
   constexpr int G = gate_parts<ACT>();
   static_assert(Cfg::NB == G, "gated activations stack W1 and W3 tiles");
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
-    const gemm::SlotTile t =
+    const gemm::SlotTile pair =
         p.slot_hi > 0
-            ? gemm::chunk_slot_tile<Cfg::BM, Cfg::BN, E, N, Cfg::SWAP>(tile, p.rv.expert_token_offsets, p.slot_lo, p.slot_hi)
-            : gemm::slot_tile<Cfg::BM, Cfg::BN, E, N, Cfg::SWAP>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
-    if (!t.valid) return false;
+            ? gemm::chunk_slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, N, Cfg::SWAP>(tile, p.rv.expert_token_offsets, p.slot_lo, p.slot_hi)
+            : gemm::slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, N, Cfg::SWAP>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
+    if (!pair.valid) return false;
+    const gemm::SlotTile t = gemm::cluster_half<Cfg>(pair);
     const bf16_t* x = static_cast<const bf16_t*>(p.x);
     const i64 w_off = (static_cast<i64>(t.expert) * W_ROWS + t.n0) * D;
     const int n_rows = N - t.n0 < Cfg::BN ? N - t.n0 : Cfg::BN;
@@ -65,11 +66,12 @@ MB_DEV void up_proj(const UpProjArgs& p) {
 template <class Cfg, int E, int D, int N, bool BIAS>
 MB_DEV void down_proj(const DownProjArgs& p) {
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
-    const gemm::SlotTile t =
+    const gemm::SlotTile pair =
         p.slot_hi > 0
-            ? gemm::chunk_slot_tile<Cfg::BM, Cfg::BN, E, D, Cfg::SWAP>(tile, p.rv.expert_token_offsets, p.slot_lo, p.slot_hi)
-            : gemm::slot_tile<Cfg::BM, Cfg::BN, E, D, Cfg::SWAP>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
-    if (!t.valid) return false;
+            ? gemm::chunk_slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, D, Cfg::SWAP>(tile, p.rv.expert_token_offsets, p.slot_lo, p.slot_hi)
+            : gemm::slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, D, Cfg::SWAP>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
+    if (!pair.valid) return false;
+    const gemm::SlotTile t = gemm::cluster_half<Cfg>(pair);
     const bf16_t* h = static_cast<const bf16_t*>(p.h);
     const bf16_t* w2 = static_cast<const bf16_t*>(p.w2);
     const gemm::Rows a{h + static_cast<i64>(t.slot0 - p.slot_lo) * N, nullptr, t.rows, N, N};
@@ -105,11 +107,12 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
   __shared__ float red_s[Cfg::CONSUMER_GROUPS][Cfg::BM][Cfg::WARPS_N];
   const int hg_ld = p.n_tiles > 0 ? p.hg_ld : N, hg_col0 = p.n_tiles > 0 ? p.n_tile_lo * Cfg::BN : 0;
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
-    const gemm::SlotTile t =
-        p.n_tiles > 0 ? gemm::slot_tile_cols<Cfg::BM, Cfg::BN, E, Cfg::SWAP>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets,
+    const gemm::SlotTile pair =
+        p.n_tiles > 0 ? gemm::slot_tile_cols<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, Cfg::SWAP>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets,
                                                                   p.n_tiles, p.n_tile_lo)
-                      : gemm::slot_tile<Cfg::BM, Cfg::BN, E, N, Cfg::SWAP>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
-    if (!t.valid) return false;
+                      : gemm::slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, N, Cfg::SWAP>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
+    if (!pair.valid) return false;
+    const gemm::SlotTile t = gemm::cluster_half<Cfg>(pair);
     const bf16_t* dy = static_cast<const bf16_t*>(p.dy);
     const bf16_t* w2 = static_cast<const bf16_t*>(p.w2);
     const gemm::Rows a{dy, p.rv.expert_token_indices + t.slot0, t.rows, D, D};
@@ -225,8 +228,9 @@ template <class Cfg, int E, int D, int N, Activation ACT, int W_ROWS>
 MB_DEV void up_dgrad(const UpDgradArgs& p) {
   constexpr int G = gate_parts<ACT>();
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
-    const gemm::SlotTile t = gemm::slot_tile<Cfg::BM, Cfg::BN, E, D, Cfg::SWAP>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
-    if (!t.valid) return false;
+    const gemm::SlotTile pair = gemm::slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, D, Cfg::SWAP>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
+    if (!pair.valid) return false;
+    const gemm::SlotTile t = gemm::cluster_half<Cfg>(pair);
     const bf16_t* dH = static_cast<const bf16_t*>(p.dH);
     const i64 w_off = static_cast<i64>(t.expert) * W_ROWS * D + t.n0;
     const gemm::Rows a{dH + static_cast<i64>(t.slot0) * (G * N), nullptr, t.rows, G * N, G * N};

@@ -632,3 +632,50 @@ TEST_CASE("generator: ping-pong tiles compile for every expert GEMM of every sui
     }
   }
 }
+
+TEST_CASE("generator: cluster pairs (_c2) compile for the slot-tiled expert GEMMs of every suite shape and multicast their weight stages") {
+  auto pair = [](TileConfig t) {
+    t.tma = true;
+    t.cluster_m = 2;
+    return t;
+  };
+  const TileConfig coop = pair(wgmma_tile(128, 256, 4, true, true));
+  CHECK(coop.to_string() == "128x256x64_w8x1_s4_wsp_tma_c2");
+  CHECK(TileConfig::parse("128x256x64_w8x1_s4_wsp_tma_c2") == coop);
+  CHECK(TileConfig::parse("64x256x64_w4x1_s5_pp_tma_c2") == pair(pingpong_tile(64, 256, 5)));
+  const LayerConfig q = find_preset("qwen3-30b-a3b").layer;
+  CHECK(KernelSpec{KernelFamily::down_proj, q, coop, "sm_90a"}.cluster_size() == 2);
+  CHECK(KernelSpec{KernelFamily::gate_grad, q, coop, "sm_90a"}.cluster_size() == 1);  // down_dgrad's tile, no GEMM
+  for (KernelFamily f : {KernelFamily::up_wgrad, KernelFamily::down_wgrad})
+    CHECK(legality_problem(KernelSpec{f, q, coop, "sm_90a"}).find("not the weight gradients") != std::string::npos);
+  TileConfig one = wgmma_tile(128, 256, 4, true);
+  one.tma = true;
+  one.cluster_m = 2;
+  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, q, one, "sm_90a"}).find("persistent TMA") != std::string::npos);
+  CHECK(legality_problem(KernelSpec{KernelFamily::up_dgrad, q, pair(wgmma_tile(128, 192, 4, true, true)), "sm_90a"})
+            .find("multiple of 128") != std::string::npos);
+  for (const Preset& p : presets()) {
+    if (!p.in_suite) continue;
+    SUBCASE(p.name.c_str()) {
+      std::vector<KernelSpec> specs;
+      for (KernelFamily f : {KernelFamily::up_proj, KernelFamily::down_proj, KernelFamily::down_dgrad,
+                             KernelFamily::up_dgrad}) {
+        const int nb = stacked_b_tiles(f, p.layer.activation);
+        specs.push_back({f, p.layer, pair(wgmma_tile(128, 256 / nb, 4, true, true)), "sm_90a"});
+        if (f != KernelFamily::down_dgrad) specs.push_back({f, p.layer, pair(pingpong_tile(64, 256 / nb, 5)), "sm_90a"});
+      }
+      for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), s.tile.to_string(), legality_problem(s));
+      const auto built = compile_all(specs, 0, true);
+      check_compiled_without_spills(built);
+      for (const auto& b : built) {
+        INFO(b.compiled.kernel_name);
+        const std::string& ptx = b.compiled.ptx;
+        CHECK(ptx.find("multicast::cluster") != std::string::npos);     // the shared weight stage
+        CHECK(ptx.find("barrier.cluster.arrive") != std::string::npos);  // barriers exist before remote arrives
+        CHECK(ptx.find("barrier.cluster.wait") != std::string::npos);
+        CHECK(ptx.find("mapa.shared::cluster") != std::string::npos);  // a stage freed in both blocks
+        CHECK(ptx.find("fence.mbarrier_init.release.cluster") != std::string::npos);
+      }
+    }
+  }
+}

@@ -17,8 +17,11 @@ namespace moeblaze::gemm {
 // all consumers (two groups of THREADS in ping-pong); BLOCK_THREADS is the launch size. TMA_:
 // the operands that are not gathered come by TMA (gemm/tma_loaders.cuh; warp-specialised tiles of
 // the expert GEMMs).
+// CLUSTER_: blocks per thread-block cluster along M (1 or 2): the two blocks of a pair compute
+// the two halves of a 2*BM-row tile and share its B operand's stages, each loading half of them
+// by TMA multicast into both (persistent TMA tiles of the slot-tiled expert GEMMs).
 template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_, int NB_ = 1, int WGMMA_ = 0,
-          int TMA_ = 0, int SWAP_ = 0, int TSTORE_ = 0>
+          int TMA_ = 0, int SWAP_ = 0, int TSTORE_ = 0, int CLUSTER_ = 1>
 struct Tile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_;
   static constexpr int STAGES = STAGES_, NB = NB_;
@@ -33,6 +36,8 @@ struct Tile {
   static constexpr bool WARP_SPECIALIZED = WGMMA_ >= 2;
   static constexpr bool PERSISTENT = WGMMA_ >= 3;
   static constexpr bool PINGPONG = WGMMA_ == 4;
+  static constexpr int CLUSTER = CLUSTER_;
+  static_assert(CLUSTER == 1 || (CLUSTER == 2 && PERSISTENT && TMA), "clusters pair persistent TMA tiles");
   static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
   static_assert(!PINGPONG || THREADS == 128, "a ping-pong consumer group is one warpgroup");
   static constexpr int CONSUMER_GROUPS = PINGPONG ? 2 : 1;

@@ -7,6 +7,7 @@
 // with the gathered operand's cp.async copies.
 #pragma once
 #include "moeblaze/gemm/loaders.cuh"
+#include "moeblaze/ptx/cluster.cuh"
 #include "moeblaze/ptx/tma.cuh"
 
 namespace moeblaze::gemm {
@@ -52,20 +53,34 @@ struct TmaMnWeights {
 
 // The producer-side loader of a TMA operand, the StageLoader interface plus the barrier:
 // thread 0 of the producer announces the stage's bytes on `bar` and issues the boxes.
-template <int ROWS_PER_PART, int PARTS>
+template <int ROWS_PER_PART, int PARTS, int CLUSTER = 1>
 struct TmaStageLoader {
   static constexpr unsigned BYTES = PARTS * ROWS_PER_PART * 64 * 2;
+  static_assert(CLUSTER == 1 || (CLUSTER == 2 && (PARTS == 2 || ROWS_PER_PART % 16 == 0)),
+                "a pair of blocks shares a stage by parts (W1 | W3) or by row halves");
   const TmaRows<PARTS>& src;
   bool issuer;
-  MB_DEV TmaStageLoader(const TmaRows<PARTS>& s, int ptid) : src(s), issuer(ptid == 0) {
+  unsigned rank;  // the block's rank in its cluster
+  MB_DEV TmaStageLoader(const TmaRows<PARTS>& s, int ptid) : src(s), issuer(ptid == 0), rank(0) {
+    if constexpr (CLUSTER > 1) rank = cluster_ctarank();
     if (issuer) tma_prefetch_maps(s.map);
   }
   MB_DEV void fetch(int) {}
+  // In a cluster of two, the whole stage lands in both blocks (each block's barrier expects all
+  // of its bytes) and each block issues half of it, multicast: its part (W1 or W3), or its half
+  // of the rows (the host encodes the map with a box of ROWS_PER_PART / 2 rows).
   MB_DEV void load(bf16_t* smem, int k0, mbar_t* bar) const {
     if (!issuer) return;
     mbar_expect_tx(bar, BYTES);
+    if constexpr (CLUSTER == 1) {
 #pragma unroll
-    for (int p = 0; p < PARTS; ++p) tma_load_2d(smem + p * ROWS_PER_PART * 64, src.map[p], k0, src.row, bar);
+      for (int p = 0; p < PARTS; ++p) tma_load_2d(smem + p * ROWS_PER_PART * 64, src.map[p], k0, src.row, bar);
+    } else if constexpr (PARTS == 2) {
+      tma_load_2d_multicast(smem + rank * ROWS_PER_PART * 64, rank ? src.map[1] : src.map[0], k0, src.row, bar, 0x3);
+    } else {
+      constexpr int HALF = ROWS_PER_PART / 2;
+      tma_load_2d_multicast(smem + rank * HALF * 64, src.map[0], k0, src.row + rank * HALF, bar, 0x3);
+    }
   }
 };
 
@@ -94,47 +109,62 @@ struct TmaMnStageLoader {
   }
 };
 
-template <int ROWS, int COLS, int PARTS>
+template <int ROWS, int COLS, int PARTS, int CLUSTER = 1>
 struct TmaMnWeightLoader {
   static_assert(COLS % 64 == 0 && ROWS == 64, "MN-major TMA stages are [64 k][64-column blocks]");
+  static_assert(CLUSTER == 1 || (CLUSTER == 2 && COLS % 128 == 0), "a pair of blocks shares the 64-column boxes");
   static constexpr unsigned BYTES = ROWS * COLS * 2;
   const TmaMnWeights<PARTS>& src;
   bool issuer;
-  MB_DEV TmaMnWeightLoader(const TmaMnWeights<PARTS>& s, int ptid) : src(s), issuer(ptid == 0) {
+  unsigned rank;
+  MB_DEV TmaMnWeightLoader(const TmaMnWeights<PARTS>& s, int ptid) : src(s), issuer(ptid == 0), rank(0) {
+    if constexpr (CLUSTER > 1) rank = cluster_ctarank();
     if (issuer) tma_prefetch_maps(s.map);
   }
   MB_DEV void fetch(int) {}
+  // In a cluster of two, each block issues every other 64-column box, multicast to both.
   MB_DEV void load(bf16_t* smem, int k0, mbar_t* bar) const {
     if (!issuer) return;
     const bool second = PARTS > 1 && k0 >= src.split;
     const int row = src.row_base + k0 - (second ? src.split : 0);
     const TmaMap* map = second ? src.map[PARTS - 1] : src.map[0];  // no dynamic index: no stack
     mbar_expect_tx(bar, BYTES);
-    tma_load_mn_stage<ROWS, COLS>(smem, map, src.col0, row, bar);
+    if constexpr (CLUSTER == 1) {
+      tma_load_mn_stage<ROWS, COLS>(smem, map, src.col0, row, bar);
+    } else {
+#pragma unroll
+      for (int j = 0; j < COLS / 64; j += 2) {
+        const int box = j + static_cast<int>(rank);
+        tma_load_2d_multicast(smem + box * ROWS * 64, map, src.col0 + 64 * box, row, bar, 0x3);
+      }
+    }
   }
 };
 
 // The loader of one operand of a warp-specialised stage: TMA for TmaRows (K-major) and
 // TmaMnRows (MN-major) sources, the cp.async StageLoader otherwise.
-template <int ROWS, int COLS, int THREADS, bool KMAJOR, class Src>
+// CLUSTER: blocks of a cluster that share this operand's stages (TMA multicast; B operands).
+template <int ROWS, int COLS, int THREADS, bool KMAJOR, class Src, int CLUSTER = 1>
 struct LoaderFor {
+  static_assert(CLUSTER == 1, "only TMA operands are shared by a cluster");
   using type = StageLoader<ROWS, COLS, THREADS, KMAJOR, Src>;
   static constexpr bool kTma = false;
 };
-template <int ROWS, int COLS, int THREADS, int P>
-struct LoaderFor<ROWS, COLS, THREADS, true, TmaRows<P>> {
-  using type = TmaStageLoader<ROWS / P, P>;
+template <int ROWS, int COLS, int THREADS, int P, int CLUSTER>
+struct LoaderFor<ROWS, COLS, THREADS, true, TmaRows<P>, CLUSTER> {
+  using type = TmaStageLoader<ROWS / P, P, CLUSTER>;
   static constexpr bool kTma = true;
 };
-template <int ROWS, int COLS, int THREADS, class F>
-struct LoaderFor<ROWS, COLS, THREADS, false, TmaMnRows<F>> {
+template <int ROWS, int COLS, int THREADS, class F, int CLUSTER>
+struct LoaderFor<ROWS, COLS, THREADS, false, TmaMnRows<F>, CLUSTER> {
+  static_assert(CLUSTER == 1, "an expert's contiguous rows are not shared by a cluster");
   using type = TmaMnStageLoader<ROWS, COLS, THREADS, F>;
   static constexpr bool kTma = true;
 };
 
-template <int ROWS, int COLS, int THREADS, int P>
-struct LoaderFor<ROWS, COLS, THREADS, false, TmaMnWeights<P>> {
-  using type = TmaMnWeightLoader<ROWS, COLS, P>;
+template <int ROWS, int COLS, int THREADS, int P, int CLUSTER>
+struct LoaderFor<ROWS, COLS, THREADS, false, TmaMnWeights<P>, CLUSTER> {
+  using type = TmaMnWeightLoader<ROWS, COLS, P, CLUSTER>;
   static constexpr bool kTma = true;
 };
 

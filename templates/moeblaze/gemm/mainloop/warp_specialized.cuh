@@ -32,6 +32,7 @@
 #pragma once
 #include "moeblaze/gemm/mainloop/wgmma_multistage.cuh"
 #include "moeblaze/gemm/tma_loaders.cuh"
+#include "moeblaze/ptx/cluster.cuh"
 #include "moeblaze/ptx/mbarrier.cuh"
 #include "moeblaze/ptx/warpgroup.cuh"
 
@@ -76,10 +77,14 @@ MB_DEV WsPipe<Cfg> make_ws_pipe() {
     for (int s = 0; s < S; ++s) {
       mbar_init(&bars[s], Cfg::PRODUCER_THREADS);
       mbar_init(&bars[S + s], Cfg::PRODUCER_THREADS);
-      mbar_init(&bars[2 * S + s], Cfg::THREADS / 32);
+      // A cluster pair's stages are written by both blocks' producers (multicast): a stage is
+      // free once the consumers of both blocks have released it.
+      mbar_init(&bars[2 * S + s], Cfg::THREADS / 32 * Cfg::CLUSTER);
     }
+    if constexpr (Cfg::CLUSTER > 1) fence_mbarrier_init_cluster();
   }
-  __syncthreads();
+  if constexpr (Cfg::CLUSTER > 1) cluster_sync();  // the partner's barriers exist before any remote arrive
+  else __syncthreads();
   return WsPipe<Cfg>{bars, 0};
 }
 
@@ -97,7 +102,7 @@ MB_DEV void ws_produce(const ASrc& a_src, const BSrc& b_src, int k_size, bf16_t*
   constexpr int B_ROWS = B_KMAJOR ? Cfg::NB * Cfg::BN : Cfg::BK, B_COLS = B_KMAJOR ? Cfg::BK : Cfg::BN;
   // Each operand by TMA (TmaRows / TmaMnRows sources) or by the producer's cp.async copies.
   using ALoad = LoaderFor<A_ROWS, A_COLS, Cfg::PRODUCER_THREADS, A_KMAJOR, ASrc>;
-  using BLoad = LoaderFor<B_ROWS, B_COLS, Cfg::PRODUCER_THREADS, B_KMAJOR, BSrc>;
+  using BLoad = LoaderFor<B_ROWS, B_COLS, Cfg::PRODUCER_THREADS, B_KMAJOR, BSrc, Cfg::CLUSTER>;
   typename ALoad::type a_load(a_src, ptid);
   typename BLoad::type b_load(b_src, ptid);
   a_load.fetch(0);
@@ -131,6 +136,14 @@ MB_DEV void ws_produce(const ASrc& a_src, const BSrc& b_src, int k_size, bf16_t*
   pipe.it = end;
 }
 
+// A consumer warp hands a stage buffer back: to its own producer, and in a cluster pair also to
+// the partner's, whose multicast writes into this block's buffer too.
+template <class Cfg>
+MB_DEV void release_stage(mbar_t* empty) {
+  mbar_arrive(empty);
+  if constexpr (Cfg::CLUSTER == 2) mbar_arrive_cluster(empty, cluster_ctarank() ^ 1);
+}
+
 // The consumers' part of one tile: wgmma over the tile's k stages as they are published,
 // one group in flight, every buffer handed back (the tile's last one too, for the next
 // tile's fill). Starts with a consumer barrier, so shared memory the epilogue reads and
@@ -153,12 +166,12 @@ MB_DEV void ws_consume(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], int k_size, b
     mbar_wait(pipe.full(s), (it / S) & 1);
     issue_stage<Cfg, A_KMAJOR, B_KMAJOR>(acc, smem + s * Cfg::STAGE_ELEMS, warpgroup);
     wgmma_wait<1>();  // the group of step it-1 has completed: hand its buffer back
-    if (it > base && lane == 0) mbar_arrive(pipe.empty((it - 1) % S));
+    if (it > base && lane == 0) release_stage<Cfg>(pipe.empty((it - 1) % S));
   }
   if constexpr (Cfg::PINGPONG) bar_arrive(kOrderBarrier + (consumer_group<Cfg>() ^ 1), 2 * Cfg::THREADS);
   wgmma_wait<0>();
   fence_accumulators(acc);
-  if (end > base && lane == 0) mbar_arrive(pipe.empty((end - 1) % S));
+  if (end > base && lane == 0) release_stage<Cfg>(pipe.empty((end - 1) % S));
   pipe.it = end;
 }
 

@@ -3,6 +3,8 @@
 // each with the register budget of its own (setmaxnreg).
 #pragma once
 #include "moeblaze/gemm/mainloop/warp_specialized.cuh"
+#include "moeblaze/gemm/scheduler/tile_schedule.cuh"
+#include "moeblaze/ptx/cluster.cuh"
 #include "moeblaze/ptx/warpgroup.cuh"
 
 namespace moeblaze::gemm {
@@ -60,9 +62,13 @@ MB_DEV PipeOf<Cfg> make_pipe() {
 template <class Cfg, class Body>
 MB_DEV void for_each_tile(Body&& body) {
   PipeOf<Cfg> pipe = make_pipe<Cfg>();
+  // A cluster pair walks the schedule as one: tile i of the pair is its blocks' halves. (Read
+  // from the special registers where used, not held in registers across the tile bodies.)
+  auto first = [] { return static_cast<int>(blockIdx.x) / Cfg::CLUSTER; };
+  auto stride = [] { return static_cast<int>(gridDim.x) / Cfg::CLUSTER; };
   auto walk = [&](auto role) {
     if constexpr (Cfg::PERSISTENT) {
-      for (int tile = blockIdx.x; body(tile, pipe, role); tile += gridDim.x) {
+      for (int tile = first(); body(tile, pipe, role); tile += stride()) {
       }
     } else {
       body(static_cast<int>(blockIdx.x), pipe, role);
@@ -76,7 +82,7 @@ MB_DEV void for_each_tile(Body&& body) {
       setmaxnreg_inc<kConsumerRegs>();
       const int group = consumer_group<Cfg>();
       if (group == 1) bar_arrive(kOrderBarrier + 0, 2 * Cfg::THREADS);
-      for (int i = 0, tile = blockIdx.x;; ++i, tile += gridDim.x) {
+      for (int i = 0, tile = first();; ++i, tile += stride()) {
         const bool more = (i & 1) == group ? body(tile, pipe, ConsumerThreads{}) : body(tile, pipe, PassingThreads{});
         if (!more) break;
       }
@@ -92,6 +98,23 @@ MB_DEV void for_each_tile(Body&& body) {
   } else {
     walk(AllThreads{});
   }
+  // Neither block of a pair leaves while the other may still write its shared memory or arrive
+  // on its barriers.
+  if constexpr (Cfg::CLUSTER > 1) cluster_sync();
+}
+
+// The rows of a cluster pair's 2*BM-row slot tile that this block computes: rank r takes rows
+// [r*BM, r*BM + BM). A block whose half is empty (an expert's last, odd tile) still loads its
+// half of the shared operand for its partner and computes nothing it stores.
+template <class Cfg>
+MB_DEV SlotTile cluster_half(SlotTile t) {
+  if constexpr (Cfg::CLUSTER > 1) {
+    const int off = static_cast<int>(cluster_ctarank()) * Cfg::BM;
+    const int rows = t.rows - off;
+    t.slot0 += off;
+    t.rows = rows < 0 ? 0 : rows > Cfg::BM ? Cfg::BM : rows;
+  }
+  return t;
 }
 
 }  // namespace moeblaze::gemm
