@@ -1,4 +1,4 @@
-"""The two PyTorch baselines of shared/BENCHMARKS.md, written here so that they run in the
+"""Two PyTorch baselines of the suite (docs/performance.md), written here so that they run in the
 same invocation as moeblaze: the Hugging Face style loop over experts, and the
 torch._grouped_mm recipe (sort by expert, gather, grouped GEMMs, SwiGLU, scale, index_add).
 Both take the caller's routing (ids [T,K], weights [T,K]) and weights in moeblaze's layout."""

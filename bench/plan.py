@@ -1,6 +1,6 @@
 """What one suite invocation runs, and about how long it takes: the cases (shape, routing,
 tokens, implementation) in the order suite.py runs them, the --quick subset, and a time
-estimate from the step times of earlier H200 runs (shared/BENCHMARKS.md, run 12). Pure
+estimate from the step times of earlier H200 runs (docs/performance.md). Pure
 Python: no torch, no GPU, so `suite.py --dry-run` and the CPU tests can use it.
 
 Order: every shape's random routing first, then skewed, then the token sweep, so that a
@@ -23,9 +23,9 @@ IMPLS = MOEBLAZE_IMPLS + PEER_IMPLS + TORCH_IMPLS
 ROUTINGS = ("random", "skewed")
 SWEEP_TOKENS = (4096, 8192, 16384, 32768, 65536)
 # The loop over experts costs a launch chain per expert whatever T is (~250 ms a step on
-# qwen3-30b-a3b at every T of run 12's sweep): it stays out of the sweep unless asked for.
+# qwen3-30b-a3b at every T of the 2026-11-30 sweep): it stays out of the sweep unless asked for.
 DEFAULT_SWEEP_IMPLS = tuple(i for i in IMPLS if i != "torch-loop")
-TORCH_LOOP_MAX_EXPERTS = 255  # minutes per step beyond; BENCHMARKS.md leaves it out too
+TORCH_LOOP_MAX_EXPERTS = 255  # minutes per step beyond: left out
 
 QUICK = {"shapes": ("qwen3-30b-a3b", "gpt-oss-20b"), "routing": ("random",), "impls": ("moeblaze", "sonicmoe")}
 
@@ -75,9 +75,10 @@ def cases(shapes: Sequence[str], routings: Sequence[str], impls: Sequence[str], 
     return out
 
 
-# Step and forward ms at the suite T on an H200 (run 12 for moeblaze and the torch baselines,
-# BENCHMARKS.md for the peers, whose forward is taken as a third of the step). Only for the
-# estimate: a shape or impl missing here is estimated from the slowest known impl.
+# Step and forward ms at the suite T on an H200 (docs/performance.md: the latest suite run for
+# moeblaze and the torch baselines, the current standing for the peers, whose forward is taken
+# as a third of the step). Only for the estimate: a shape or impl missing here is estimated
+# from the slowest known impl.
 KNOWN_MS: Dict[str, Dict[str, tuple]] = {
     "mixtral-8x7b": {"moeblaze": (20.2, 64.2), "moeblaze-recompute": (19.2, 76.2), "sonicmoe": (18.0, 53.8),
                      "megablocks": (18.4, 55.2), "torch-grouped_mm": (21.2, 60.7), "torch-loop": (21.2, 80.3)},

@@ -18,7 +18,7 @@ def suite_tokens(name):
 
 
 PEERS = ("sonicmoe", "megablocks")
-SONIC_TARGET = 1 / 0.9  # moeblaze's step at most 0.9x SonicMoE's (BENCHMARKS.md)
+SONIC_TARGET = 1 / 0.9  # moeblaze's step at most 0.9x SonicMoE's (docs/performance.md "Targets")
 
 
 def groups(results):

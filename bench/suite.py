@@ -1,4 +1,4 @@
-"""The moeblaze suite benchmark (shared/BENCHMARKS.md), on a GPU, in one invocation:
+"""The moeblaze suite benchmark (docs/performance.md "Method"), on a GPU, in one invocation:
 moeblaze (through the Python binding) against SonicMoE and MegaBlocks (bench/peers.py) and the
 PyTorch baselines (bench/baselines.py), same inputs, same GPU, same timing (bench/measure.py):
 forward and step (forward+backward) median ms over CUDA events, TFLOP/s = 18TKdn/step,

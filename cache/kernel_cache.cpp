@@ -1,6 +1,6 @@
-// SQLite implementation of KernelCache (kernel_cache.hpp is the contract, DESIGN.md 4 the
-// practice). One connection per KernelCache, every public write one BEGIN IMMEDIATE
-// transaction that is rolled back on any error, every sqlite3 return code checked.
+// SQLite implementation of KernelCache (kernel_cache.hpp is the contract, docs/design.md
+// "Cache keys" the practice). One connection per KernelCache, every public write one BEGIN
+// IMMEDIATE transaction that is rolled back on any error, every sqlite3 return code checked.
 #include "cache/kernel_cache_sqlite.hpp"
 
 #include <fmt/format.h>

@@ -1,8 +1,8 @@
 // The SQLite cache: compiled kernel binaries and tuning results, in one file shared by
 // every process of a user (the CLI, training processes, the Python binding).
 //
-// Practice (DESIGN.md 4): WAL journal on local disk, busy_timeout, short BEGIN IMMEDIATE
-// write transactions, never a transaction open across a compile or a measurement;
+// Practice (docs/design.md "Cache keys"): WAL journal on local disk, busy_timeout, short
+// BEGIN IMMEDIATE write transactions, never a transaction open across a compile or a measurement;
 // PRAGMA user_version for schema migrations; a checksum on every blob (a blob that fails it
 // is deleted and reported, and the caller rebuilds it); a file that is not a moeblaze cache
 // or is corrupt is moved aside and a fresh cache started, with a notice. Every measurement

@@ -73,7 +73,7 @@ Command generate_command() {
     st->app->add_option("--ptx-dir", st->ptx_dir, "write each kernel's PTX to DIR/<kernel>.ptx (created if missing)");
     st->app->add_flag("--check-only", st->check_only,
                       "check that every kernel's tile is legal for the layer and generate its source, without "
-                      "compiling (fast; what tests/gpu/device_all.sh DRY_RUN=1 runs)");
+                      "compiling (fast; what tools/gpu_run.sh --dry-run runs)");
   };
   c.selected = [st] { return st->app->parsed(); };
   c.run = [st] {

@@ -43,23 +43,23 @@ bool is_tiled(KernelFamily f);
 // Whether the family uses two stacked B tiles (W1 and W3) for this activation.
 int stacked_b_tiles(KernelFamily f, Activation act);
 
-// Tile configuration of a GEMM family (mainloop.cuh's gemm::Tile).
+// Tile configuration of a GEMM family (gemm/tile.cuh's gemm::Tile).
 struct TileConfig {
   int bm = 128, bn = 128, bk = 64;
   int warps_m = 2, warps_n = 4;
   int stages = 3;
-  // Tensor-core path (mainloop.cuh's Tile WGMMA_): 0 mma.sync warps; 1 wgmma warpgroups
+  // Tensor-core path (gemm/tile.cuh's Tile WGMMA_): 0 mma.sync warps; 1 wgmma warpgroups
   // sharing one cp.async pipeline ("_wg"); 2 warp-specialised wgmma: the same consumer
   // warpgroups plus one producer warpgroup ("_ws"); 3 the same, persistent ("_wsp"): a grid of
   // the blocks the GPU holds at once walks the tile schedule, and each block's producer loads
   // the next tile while its consumers run the epilogue; 4 persistent ping-pong ("_pp"): two
   // consumer warpgroups own alternate tiles whole (bm = 64 or 128 rows each), one running its
-  // epilogue while the other runs its mainloop (templates/moeblaze/gemm/mainloop/pingpong.cuh).
+  // epilogue while the other runs its mainloop (templates/moeblaze/gemm/mainloop/warp_specialized.cuh).
   // With wgmma warps_n = 1 and warps_m = bm/16 (cooperative) or 4 (ping-pong: one warpgroup
   // per tile), the accumulator layout of wgmma.
   int wgmma = 0;
   // Every operand that is not gathered by TMA (cp.async.bulk.tensor, templates/moeblaze/gemm/
-  // tma.cuh) instead of the producer's cp.async copies ("_tma"), on warp-specialised tiles of
+  // tma_loaders.cuh) instead of the producer's cp.async copies ("_tma"), on warp-specialised tiles of
   // the expert GEMMs: the weights, h (down_proj), dH (up_dgrad, up_wgrad), hg (down_wgrad).
   bool tma = false;
   // The other tile order of the expert GEMMs ("_swap", gemm/scheduler/tile_schedule.cuh): slot-tiled
@@ -81,7 +81,7 @@ struct TileConfig {
   bool pingpong() const { return wgmma == 4; }
   // Consumer groups that each own a tile: 2 in ping-pong, else 1.
   int consumer_groups() const { return pingpong() ? 2 : 1; }
-  // The producer: one warpgroup (mainloop.cuh's Tile::PRODUCER_THREADS).
+  // The producer: one warpgroup (gemm/tile.cuh's Tile::PRODUCER_THREADS).
   int producer_threads() const { return warp_specialized() ? 128 : 0; }
   // Threads that hold accumulators (and, without a producer, load the tiles).
   int compute_threads() const { return 32 * warps_m * warps_n; }

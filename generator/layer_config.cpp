@@ -97,7 +97,7 @@ Preset make(const char* name, int E, int K, int d, int n, int64_t T, RouterKind 
 }  // namespace
 
 const std::vector<Preset>& presets() {
-  // The first six are the benchmark suite (shared/suite.json; a CPU test checks they
+  // The first six are the benchmark suite (bench/suite.json; a CPU test checks they
   // agree). Routers follow the public model configurations.
   static const std::vector<Preset> all = {
       make("mixtral-8x7b", 8, 2, 4096, 14336, 16384, RouterKind::softmax_topk, true, 1.f, true),

@@ -50,7 +50,7 @@ RouterKind parse_router(const std::string& s);      // "none", "softmax", "sigmo
 std::string to_string(WeightLayout w);
 WeightLayout parse_weight_layout(const std::string& s);  // "separate", "fused"
 
-// Model shapes known by name: the benchmark suite (shared/suite.json) and a few more.
+// Model shapes known by name: the benchmark suite (bench/suite.json) and a few more.
 struct Preset {
   std::string name;
   LayerConfig layer;

@@ -1,4 +1,4 @@
-// The keys under which binaries and tuning results are cached (DESIGN.md 4).
+// The keys under which binaries and tuning results are cached (docs/design.md "Cache keys").
 #pragma once
 #include <string>
 

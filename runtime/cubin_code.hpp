@@ -1,7 +1,7 @@
 // The machine code size of a compiled kernel, read from its cubin (an ELF64 file): the size of
 // the section `.text.<kernel name>`. A kernel engineer's measure of how far an epilogue's
-// unrolling has gone (bench/NOTES.md v0.9: down_dgrad's was 110 KB of code with its IEEE
-// divides; v1.0: ncu's no-instruction stalls tell whether the instruction cache is the limit).
+// unrolling has gone (down_dgrad's was 110 KB of code with its IEEE divides, docs/performance.md
+// "Decisions"); ncu's no-instruction stalls tell whether the instruction cache is the limit.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -37,7 +37,7 @@ struct MemoryPlan {
   size_t saved_bytes = 0;             // held from forward to backward (the "act" memory)
   size_t forward_scratch_bytes = 0;   // transient during forward
   size_t backward_scratch_bytes = 0;  // transient during backward
-  size_t h_floor_bytes = 0;           // 2*T*K*n*b (gated) or T*K*n*b: the H floor of BENCHMARKS.md
+  size_t h_floor_bytes = 0;           // 2*T*K*n*b (gated) or T*K*n*b: the H floor (docs/performance.md)
   size_t index_bytes = 0;             // the index arrays alone
 };
 

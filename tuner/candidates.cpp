@@ -118,7 +118,7 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
   auto by_distance = [&](const TileConfig& a, const TileConfig& b) { return distance(a) < distance(b); };
   std::stable_sort(wgmma.begin(), wgmma.end(), by_distance);
   std::stable_sort(sync.begin(), sync.end(), by_distance);
-  // Tiles that won somewhere on the suite (bench/NOTES.md) come right after the default: the
+  // Tiles that won somewhere on the suite (docs/performance.md) come right after the default: the
   // 3-stage shared-pipeline tiles fit two blocks per SM, the warp-specialised ones one; then
   // the persistent 128x256 (and 128x128) tiles, the ones shared-memory bandwidth favours.
   // (`add` drops what is illegal for the family, e.g. persistent router GEMMs.)

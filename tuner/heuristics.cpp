@@ -34,19 +34,15 @@ bool few_slots_per_expert(const LayerConfig& layer, int64_t tokens) {
 
 TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std::string& arch, int64_t tokens) {
   if (is_hopper(arch) && is_tiled(family)) {
-    // wgmma: the winners of `moeblaze tune` on the suite shapes (bench/NOTES.md v0.4-v0.6,
-    // 2026-11-30), TMA for every operand that is not gathered. Warp-specialised 128x256
+    // wgmma: the winners of `moeblaze tune` on the suite shapes (docs/performance.md
+    // "Decisions"), TMA for every operand that is not gathered. Warp-specialised 128x256
     // wherever the producer's loads are TMA boxes or a pointer and a stride per stage; the
-    // shared pipeline at 3 stages for down_dgrad, where two blocks fit on an SM and one's
-    // heavy epilogue (H in, dA/dB/hg out, staged through shared memory) overlaps the other's
-    // mainloop. Device calls behind them (mixtral-8x7b, ms): up_proj 14.9 -> 13.1 and
-    // down_proj 6.5 -> 5.5 (`_wsp_tma` against `_ws`, fourth session); session five, call 1:
+    // shared pipeline at 3 stages where two blocks per SM let one block's epilogue overlap
+    // the other's mainloop (down_dgrad on short reductions, below). Measured on mixtral-8x7b
+    // (ms): up_proj 14.9 -> 13.1 and down_proj 6.5 -> 5.5 (`_wsp_tma` against `_ws`);
     // up_wgrad 18.7 (`_wg` 128x128) -> 16.2 `_wsp_tma` (deepseek-v3 28.5, level with `_wg`),
     // down_wgrad 9.0 -> 7.4 `_wsp_tma` (deepseek-v3 15.2 -> 12.5), up_dgrad 12.4 -> 10.7
     // `_ws_tma`.
-    // Session six (run 9 call 2): the weight gradients' TMA-store epilogue took deepseek-v3's
-    // step 87.2 -> 77.2 ms and gpt-oss-20b's 20.4 -> 19.7 (mixtral-8x7b: 65.9 -> 66.5, so
-    // not there; below).
     // TMA where the layer allows it (e.g. up_dgrad's MN-major weight boxes need n % 64 == 0);
     // elsewhere the same tile with cp.async loads.
     auto tma = [&](TileConfig t) {
@@ -55,8 +51,8 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std
       return legality_problem(KernelSpec{family, layer, with, arch}).empty() ? with : t;
     };
     // 192 columns instead of 256 where that fills the last column of tiles, for the two
-    // all-TMA GEMMs (gpt-oss-20b, run 9 call 1: down_proj 1.880 -> 1.798 ms, up_dgrad 3.494
-    // -> 3.265); up_wgrad's gathered 192-wide B ran slower (5.100 -> 5.270) and keeps 256.
+    // all-TMA GEMMs (gpt-oss-20b: down_proj 1.880 -> 1.798 ms, up_dgrad 3.494 -> 3.265);
+    // up_wgrad's gathered 192-wide B ran slower (5.100 -> 5.270) and keeps 256.
     // Only with TMA loads (a layer that cannot take them, e.g. up_dgrad with n % 64 != 0,
     // keeps the 256-wide cp.async tile).
     auto wide_tile = [&](bool persistent) {
@@ -75,14 +71,15 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std
         // go on to the next tile while the stores drain; 3 stages leave room for the 64 KiB
         // staging buffer. It pays where an output tile's reduction over one expert's slots is
         // short (T K / E slots: few k-steps per tile, the epilogue a large part of it) and
-        // costs where it is long (the fourth stage matters more). Run 9 call 2, up_wgrad /
-        // down_wgrad ms, 4-stage direct stores -> _tstore: deepseek-v3 (512 slots per expert)
-        // 28.6 / 12.6 -> 19.3 / 9.6; gpt-oss-20b (2048) 5.04 / 2.30 -> 4.69 / 2.21;
-        // mixtral-8x7b (4096) 16.14 / 7.43 -> 17.11 / 7.69; session seven (run 10 call 1):
-        // olmoe-1b-7b at 32768 tokens (4096) tunes to the 4-stage tiles, 2.04 / 4.45 -> 1.90 /
-        // 4.17. The slots per expert depend on the step's tokens, which the runtime's load
-        // hint gives (the bindings load one kernel set per token bucket); without it E / K
-        // stands in. `moeblaze tune` measures both tiles.
+        // costs where it is long (the fourth stage matters more). up_wgrad / down_wgrad ms,
+        // 4-stage direct stores -> _tstore: deepseek-v3 (512 slots per expert) 28.6 / 12.6 ->
+        // 19.3 / 9.6 (step 87.2 -> 77.2); gpt-oss-20b (2048) 5.04 / 2.30 -> 4.69 / 2.21;
+        // mixtral-8x7b (4096) 16.14 / 7.43 -> 17.11 / 7.69; olmoe-1b-7b at 32768 tokens (4096)
+        // tunes to the 4-stage tiles, 2.04 / 4.45 -> 1.90 / 4.17. At exactly 2048 the 4-stage
+        // tiles lose (gpt-oss up_wgrad 4.77 with _tstore, 5.21 without). The slots per expert
+        // depend on the step's tokens, which the runtime's load hint gives (the bindings load
+        // one kernel set per token bucket); without it E / K stands in. `moeblaze tune`
+        // measures both tiles.
         TileConfig staged = tma(wgmma_tile(128, 256, 3, true, true));
         staged.tma_store = true;
         if (few_slots_per_expert(layer, tokens) &&
@@ -94,12 +91,11 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std
       case KernelFamily::down_dgrad: {
         // Long reductions (d >= 2048: 32 k-steps of 64 or more): the persistent 128x256 tile,
         // whose mainloop has twice the math per gathered row of the 128x128 one and whose
-        // epilogue reads H and writes dA/dB/hg from registers, 16 bytes a lane. Run 10 call 2
-        // (H in 4-byte batches then), down_dgrad ms against the `_wg` 128x128 s3: deepseek-v3
-        // (d 7168) 11.33 -> 9.52, mixtral-8x7b (4096) 11.33 -> 10.59, gpt-oss-20b (2880) 3.32
-        // -> 3.22, but qwen3-30b-a3b (2048) 2.69 -> 2.81 then. Since the epilogue lost its IEEE
-        // divides and unrolled rows (run 12 call 2), d = 2048 gains too: olmoe-1b-7b 3.32 ->
-        // 2.84, qwen3-30b-a3b 2.46 -> 2.08, qwen3-next-80b 2.20 -> 2.01. Shorter reductions
+        // epilogue reads H and writes dA/dB/hg from registers, 16 bytes a lane. down_dgrad ms
+        // against the `_wg` 128x128 s3: deepseek-v3 (d 7168) 11.33 -> 9.52, mixtral-8x7b (4096)
+        // 11.33 -> 10.59, gpt-oss-20b (2880) 3.32 -> 3.22; at d = 2048, with the epilogue's
+        // IEEE divides gone and its row loop rolled: olmoe-1b-7b 3.32 -> 2.84, qwen3-30b-a3b
+        // 2.46 -> 2.08, qwen3-next-80b 2.20 -> 2.01. Shorter reductions are unmeasured and
         // keep the two-blocks-per-SM tile, whose epilogue overlaps the other block's mainloop.
         // The clamped SwiGLU (GPT-OSS) keeps more values live per element: its epilogue spills
         // 8 bytes on the persistent tile (ptxas, CUDA 13.0), so it stays on the 128x128 one.

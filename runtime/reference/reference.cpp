@@ -1,5 +1,5 @@
-// CPU reference of the MoE layer: see reference.hpp for the contract and DESIGN.md
-// 1.1-1.3 for the math. Everything is computed in double from bf16 inputs.
+// CPU reference of the MoE layer: see reference.hpp for the contract and docs/design.md
+// ("The layer", "Kernels") for the math. Everything is computed in double from bf16 inputs.
 //
 // Speed matters because GPU checks call this on real model shapes (d=7168, n=2048, K=8,
 // hundreds of tokens). The expert functions therefore group the requested slots by expert
@@ -544,8 +544,9 @@ IndexArrays build_index(const int32_t* ids, int64_t T, int K, int E) {
   if (T * K > std::numeric_limits<int32_t>::max())
     fail("T*K: " + std::to_string(T * K) + " exceeds the int32 index range");
   check_ids("topk_ids", ids, T, K, E);
-  // Counting approach (DESIGN.md 1.2): per-expert counts, exclusive scan, then a stable
-  // scatter in token-major slot order, which leaves token ids ascending inside each expert.
+  // Counting approach (docs/design.md "Index arrays"): per-expert counts, exclusive scan,
+  // then a stable scatter in token-major slot order, which leaves token ids ascending inside
+  // each expert.
   const int64_t slots = T * K;
   IndexArrays ix;
   ix.expert_token_offsets.assign(E + 1, 0);

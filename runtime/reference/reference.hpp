@@ -27,7 +27,7 @@ double activation_grad(Activation act, double a);        // d act / d a
 double up_factor(Activation act, double b);              // up(b) (the W3 part of a gated activation)
 double up_factor_grad(Activation act, double b);         // d up / d b
 
-// ---- index structures (DESIGN.md 1.2) ---------------------------------------------
+// ---- index structures (docs/design.md "Index arrays") ---------------------------
 struct IndexArrays {
   std::vector<int32_t> expert_token_indices;  // T*K: token ids grouped by expert, ascending
   std::vector<int32_t> expert_token_offsets;  // E+1: exclusive prefix sum of counts

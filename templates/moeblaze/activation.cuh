@@ -16,8 +16,8 @@ constexpr int gate_parts() { return is_gated(ACT) ? 2 : 1; }
 // activation unrolled over a whole tile (down_dgrad: 128 elements a thread, two divides
 // each, each a dependent chain: rcp, Newton steps, the slow-path test): the persistent
 // down_dgrad's epilogue ran ~70k cycles a tile for ~15k of work, and 19% faster without them
-// (bench/NOTES.md v0.9; v1.0: not through the instruction cache, as first read). The outputs are
-// bf16 (8 bits of mantissa): the approximate reciprocal's error does not reach them.
+// (the dependent chains, not the instruction cache: ncu's no-instruction stalls are ~1%).
+// The outputs are bf16 (8 bits of mantissa): the approximate reciprocal's error does not reach them.
 // Large |a|: exp(-a) = inf gives 0, exp(-a) = 0 gives 1.
 MB_DEV float sigmoid(float a) { return rcp_approx(1.f + __expf(-a)); }
 

@@ -199,8 +199,8 @@ MB_DEV void up_wgrad(const WgradArgs& p) {
     if constexpr (Cfg::TSTORE) {  // stored bf16 gradients: staged, stored by TMA into dW1 or dW3
       // A tile straddling dW1 | dW3 (n % BM != 0: one per expert and column of tiles) keeps
       // the direct stores below: its dW3 part would start at a negative row of dW3's map, and
-      // TMA stores at negative coordinates stopped the GPU with an illegal instruction (run 9
-      // call 1; partial boxes at the far edges store fine: tstore_small_cols, call 2).
+      // TMA stores at negative coordinates stopped the GPU with an illegal instruction (partial
+      // boxes at the far edges store fine: the ragged-column grad-checks pass).
       const bool straddles = G == 2 && w.m0 < N && w.m0 + Cfg::BM > N;
       if (p.grad_output == static_cast<int>(GradOutput::store_bf16) && !straddles) {
         const bool dw3 = w.m0 >= N;

@@ -1,4 +1,4 @@
-// MoEBlaze index build (DESIGN.md 1.2) in O(T*K), without atomics and without a sort:
+// MoEBlaze index build (docs/design.md "Index arrays"), O(T*K), no atomics and no sort:
 //   1. count:   each warp counts its run of slots per expert (warp match + popcount,
 //               one leader lane per expert updates the warp's private counter row);
 //   2. scan:    one block turns the per-(expert, block) counts into offsets, the expert

@@ -6,7 +6,7 @@
 
 namespace moeblaze {
 
-// The routing view every expert kernel reads (DESIGN.md 1.2), plus the tile schedule.
+// The routing view every expert kernel reads (docs/design.md "Index arrays") and the tile schedule.
 struct RoutingView {
   const int* expert_token_indices;  // [T*K]
   const int* expert_token_offsets;  // [E+1]

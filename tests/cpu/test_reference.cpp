@@ -1,6 +1,6 @@
 // Tests of the CPU reference (runtime/reference). The reference is what every GPU check
-// trusts, so it is checked here against things that do not share its code: the DESIGN.md
-// worked example, invariants, a small independent double-precision model written below,
+// trusts, so it is checked here against things that do not share its code: the worked
+// example of docs/design.md, invariants, a small independent double-precision model written below,
 // and central finite differences of the scalar loss L = sum_t <y_t, dy_t>.
 #include <doctest/doctest.h>
 
@@ -235,7 +235,7 @@ TEST_SUITE_BEGIN("reference");
 
 // ---- index build -------------------------------------------------------------------
 
-TEST_CASE("reference: build_index reproduces the DESIGN.md worked example") {
+TEST_CASE("reference: build_index reproduces the worked example of docs/design.md") {
   const std::vector<int32_t> ids{2, 3, 0, 1, 0, 3, 1, 2, 0, 3};
   const auto ix = ref::build_index(ids.data(), 5, 2, 4);
   CHECK(ix.expert_token_indices == std::vector<int32_t>{1, 2, 4, 1, 3, 0, 3, 0, 2, 4});
@@ -244,7 +244,7 @@ TEST_CASE("reference: build_index reproduces the DESIGN.md worked example") {
   CHECK(ix.token_index_map == std::vector<int32_t>{5, 7, 0, 3, 1, 8, 4, 6, 2, 9});
 }
 
-// Every invariant of DESIGN.md 1.2 for one routing.
+// Every invariant of the index arrays (docs/design.md "Index arrays") for one routing.
 void check_index_invariants(const std::vector<int32_t>& ids, int64_t T, int K, int E) {
   const auto ix = ref::build_index(ids.data(), T, K, E);
   REQUIRE(ix.expert_token_offsets.size() == size_t(E + 1));

@@ -78,7 +78,7 @@ TEST_CASE("tuner: the first candidates span the tile kinds; persistent tiles onl
   const LayerConfig l = find_preset("mixtral-8x7b").layer;
   for (KernelFamily f : tunable_families(l)) {
     INFO(to_string(f));
-    const auto c = tile_candidates(f, l, "sm_90a", 7);  // what device_all.sh's tune runs
+    const auto c = tile_candidates(f, l, "sm_90a", 7);  // a short tune (--candidates 7)
     bool wg = false, ws = false, wsp = false, tma = false, swap = false;
     for (const auto& t : c) {
       wg |= t.wgmma == 1;

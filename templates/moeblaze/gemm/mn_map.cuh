@@ -4,8 +4,8 @@
 //
 // Eight consecutive threads copy the eight chunks of one 128-byte line (one row of one
 // 64-column block), so a warp-wide copy reads four whole lines: the fewest lines a 512-byte
-// copy can touch (the grouped-chunk experiment of 2026-11-30 spread a warp copy over 16 lines
-// and lost up to 50% on the K-major tiles, bench/NOTES.md v0.5). A thread copies the same
+// copy can touch (a loader that spread a warp copy over 16 lines lost up to 50% on the
+// K-major tiles, docs/performance.md "Decisions"). A thread copies the same
 // chunk of each of the row's G = COLS/64 blocks, so one row pointer, and for a gathered stage
 // one row index, serves G copies: 4 indices per thread and stage on a [64][256] tile with a
 // 128-thread producer instead of 16.

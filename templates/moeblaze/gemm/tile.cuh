@@ -10,7 +10,7 @@ namespace moeblaze::gemm {
 // persistent and cooperative: a block walks tiles blockIdx.x, +gridDim.x, ... and its consumer
 // warpgroups split each tile's rows while the producer fills the next tile's stages
 // (gemm::for_each_tile), 4 = persistent ping-pong: two consumer warpgroups own alternate tiles
-// whole, and one runs its epilogue while the other runs its mainloop (mainloop/pingpong.cuh).
+// whole, and one runs its epilogue while the other runs its mainloop (mainloop/warp_specialized.cuh).
 // With wgmma WARPS_N = 1 and WARPS_M = BM/16 (cooperative: one 16-row slab per warp) or 4
 // (ping-pong: one warpgroup per tile, BM/64 m64 slabs per warp), which is how wgmma lays out its
 // accumulators. THREADS counts the threads that hold one tile's accumulators; CONSUMER_THREADS

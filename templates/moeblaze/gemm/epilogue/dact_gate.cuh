@@ -116,8 +116,8 @@ MB_DEV void dact_gate_epilogue(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const
     for (int mt = 0; mt < Cfg::MT; ++mt)
       // The row loop stays rolled: one copy of the chunk loop's code instead of two, the
       // pair it reads from each accumulator block picked by selects (the accumulators stay
-      // in registers). Measured 3-5% faster on the persistent tile (bench/NOTES.md v1.0);
-      // not through the instruction cache: ncu's no-instruction stalls are ~1% either way.
+      // in registers). Measured 3-5% faster on the persistent tile, from fewer math-pipe
+      // stalls (ncu), not the instruction cache (no-instruction stalls ~1% either way).
 #pragma unroll 1
       for (int half = 0; half < 2; ++half) {
         const int r = Cfg::acc_row(warp_m, mt) + (lane >> 2) + half * 8;

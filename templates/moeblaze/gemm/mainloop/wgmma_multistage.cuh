@@ -1,7 +1,7 @@
 // Hopper (sm_90a) mainloop: the same cp.async multi-stage pipeline as mainloop.cuh into
 // 128-byte-swizzled tiles, with the tensor-core work issued by warpgroups through wgmma on
-// shared-memory descriptors. Verified on an H200 (2026-11-30) on every GEMM family; the
-// warp-specialised variant is warp_specialized.cuh.
+// shared-memory descriptors. Checked against the CPU reference on an H200 on every GEMM
+// family; the warp-specialised variant is warp_specialized.cuh.
 //
 // Operands, per stage, 128-byte swizzle (PTX ISA "shared memory matrix layout"):
 //   K-major ([rows][64 k]): a 64-element row with its 16-byte chunk XORed by (row & 7) is the
@@ -44,7 +44,7 @@ struct Operand {
 // m64n(NB*BN)k16: acc[NB][1][NT][4] is, flattened, exactly that instruction's accumulator
 // order, and wgmma reads A from shared memory once per instruction, so fusing the two
 // m64n128 into one m64n256 cuts the shared-memory reads of a k16 step from 12 to 10 KiB
-// (shared-memory bandwidth bounds these tiles; bench/NOTES.md v0.4).
+// (shared-memory bandwidth bounds these tiles; measured -10% on up_proj, docs/performance.md).
 // A warpgroup that owns MT > 1 m64 slabs (ping-pong tiles) issues one instruction per slab; the
 // fused stacked-B instruction then takes its two halves from acc[0][mt] and acc[1][mt] (mma2).
 template <class Cfg, bool A_KMAJOR, bool B_KMAJOR>

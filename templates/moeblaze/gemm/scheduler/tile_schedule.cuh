@@ -88,7 +88,7 @@ MB_HD SlotTile chunk_slot_tile(int tile, const int* expert_token_offsets, int lo
 // tiles runs fastest by default: the blocks in flight then read all of that (smaller) operand
 // and a few blocks of the other, k step by k step together, so L2 serves the repeats. With the
 // larger side fastest, every wave streams the whole larger operand from DRAM: mixtral's dW2
-// (dy 32 MiB, hg 112 MiB per expert) ran at 3.1 TB/s DRAM, 42% L2 hits (ncu, bench/NOTES.md).
+// (dy 32 MiB, hg 112 MiB per expert) ran at 3.1 TB/s DRAM, 42% L2 hits under ncu.
 // SWAP runs the other side fastest.
 struct WgradTile {
   int expert, m0, n0, slot0, count;

@@ -1,0 +1,326 @@
+#!/usr/bin/env bash
+# The GPU runner: moeblaze's checks, tuning, suite and profiles on a GPU machine in one call,
+# with a build made elsewhere. Its usage text (--help) documents every step and variable.
+set -u
+
+usage() {
+  cat <<'EOF'
+Usage: tools/gpu_run.sh [--dry-run] [STEP...]
+       tools/gpu_run.sh --list | --help
+
+Runs moeblaze's GPU work on a machine with an NVIDIA GPU, from the repository root, with a
+build folder made elsewhere (its bin/ and lib/ are all it needs; nothing is compiled here).
+Each command's output goes to $MOEBLAZE_DEV_OUT/logs/NAME.log, packed into logs.tar.gz after
+every command; one summary line per command goes to stdout and $MOEBLAZE_DEV_OUT/summary.txt.
+Exit status: 0 when every command ended as expected, 1 otherwise.
+
+Steps (default: gpu kinds defaults py):
+  gpu       the C++ GPU tests (BUILD/bin/moeblaze_gpu_tests)
+  kinds     grad-check every tile kind (_wg, _ws, _wsp, _pp, _c2, TMA loads, _tstore, 192-wide
+            tiles, _swap, the persistent down_dgrad) on small shapes chosen for partial tiles, skewed
+            routing, gated and plain activations, recompute, the wide-h chunks and fp32
+            accumulation; a kind whose first check fails gets no more; also each kind on the
+            presets of MOEBLAZE_DEV_KIND_PRESETS
+  defaults  grad-check the default tiles: the small wide-h shapes, then every preset of
+            MOEBLAZE_DEV_PRESETS in save-h, in recompute, and with skewed caller routing
+  tune      `moeblaze tune` each preset of MOEBLAZE_DEV_PRESETS into the cache, then export the
+            cache (unreferenced binaries dropped) to $MOEBLAZE_DEV_OUT/tuned.db
+  import    take the rows of MOEBLAZE_DEV_IMPORT (an earlier tune's tuned.db) into the cache
+  tuned     grad-check the cache's tuned kernels of each preset (after tune or import)
+  regress   tune the first preset with --baseline-out, then `moeblaze regress` against that
+            baseline (must pass) and with a much slower up_proj tile forced (must fail)
+  tiles     grad-check and bench single tiles, MOEBLAZE_DEV_TILES, each beside the default
+  py        the Python package's tests (python/tests)
+  pysuite   the PyTorch module against the reference on the six suite shapes
+  mem       bench/memory_probe.py on MOEBLAZE_DEV_MEM_SHAPES
+  bench     the suite against the PyTorch baselines (bench/suite.py)
+  profile   Nsight Compute on one preset's GEMM kernels, one launch each, text report
+  all       every step above, in this order
+
+Options:
+  --dry-run   no GPU needed: every check and bench becomes `moeblaze generate --check-only`
+              on the same shape and tiles (is every tile legal for its layer?) and every other
+              command is skipped. CTest `device_steps` runs `--dry-run all`.
+  --list      print the step names
+  -h, --help  this text
+
+Environment (all optional):
+  MOEBLAZE_DEV_OUT               output folder (default: device-out)
+  MOEBLAZE_DEV_BUILD             build folder to run (default: build); a second one carried
+                                 beside it runs another build's kernels on the same GPU
+  MOEBLAZE_DEV_DEADLINE_S        seconds from the start after which no command starts; each
+                                 command's time limit is cut to fit (default: 3600)
+  MOEBLAZE_DEV_DRY_RUN           1: as --dry-run
+  MOEBLAZE_DEV_PRESETS           presets of defaults, tune, tuned and regress, space-separated
+                                 (default: qwen3-30b-a3b; `BUILD/bin/moeblaze presets` lists them)
+  MOEBLAZE_DEV_KIND_PRESETS      presets on which kinds also grad-checks every kind (default: none)
+  MOEBLAZE_DEV_TUNE_BUDGET       seconds of tuning per preset (default: 75)
+  MOEBLAZE_DEV_TUNE_CANDIDATES   candidates per GEMM family (default: 8)
+  MOEBLAZE_DEV_IMPORT            cache file of the import step (default: BUILD/tuned.db)
+  MOEBLAZE_DEV_TILES             the tiles step's checks: "PRESET:FAMILY=TILE ..." (default: none)
+  MOEBLAZE_DEV_SUITE_SHAPES      the bench step's shapes, comma-separated (default: qwen3-30b-a3b)
+  MOEBLAZE_DEV_SUITE_ROUTING     random, skewed, or both comma-separated (default: random)
+  MOEBLAZE_DEV_SUITE_ARGS        more bench/suite.py arguments, e.g. --sweep (default: none)
+  MOEBLAZE_DEV_MEM_SHAPES        the mem step's shapes, comma-separated (default: mixtral-8x7b)
+  MOEBLAZE_DEV_PROFILE_PRESET    the profile step's preset (default: mixtral-8x7b)
+  MOEBLAZE_DEV_PROFILE_FAMILIES  families to profile, |-separated
+                                 (default: up_proj|down_proj|up_dgrad|up_wgrad|down_dgrad|down_wgrad)
+  MOEBLAZE_DEV_PROFILE_SECTIONS  ncu sections, space-separated (default: SpeedOfLight
+                                 MemoryWorkloadAnalysis ComputeWorkloadAnalysis WarpStateStats
+                                 SchedulerStats Occupancy LaunchStats)
+  MOEBLAZE_DEV_PROFILE_ARGS      more arguments of the profiled `moeblaze bench`, e.g. --tile
+For the commands it runs it sets MOEBLAZE_LIBRARY (BUILD/lib/libmoeblaze_c.so) and PYTHONPATH
+(python/), and MOEBLAZE_CACHE when unset (/tmp/moeblaze-dev-cache.db: a user's cache is not
+touched).
+
+Examples:
+  MOEBLAZE_DEV_OUT=out tools/gpu_run.sh                   # the regression pass
+  MOEBLAZE_DEV_PRESETS="mixtral-8x7b gpt-oss-20b olmoe-1b-7b qwen3-30b-a3b deepseek-v3 qwen3-next-80b" \
+    tools/gpu_run.sh defaults tune tuned                  # every suite preset
+  MOEBLAZE_DEV_SUITE_SHAPES=mixtral-8x7b,gpt-oss-20b,olmoe-1b-7b,qwen3-30b-a3b,deepseek-v3,qwen3-next-80b \
+    MOEBLAZE_DEV_SUITE_ROUTING=random,skewed MOEBLAZE_DEV_SUITE_ARGS=--sweep tools/gpu_run.sh bench
+  MOEBLAZE_DEV_TILES="gpt-oss-20b:down_dgrad=128x128x64_w8x1_s3_wg" tools/gpu_run.sh tiles
+EOF
+}
+
+ALL_STEPS="gpu kinds defaults tune import tuned regress tiles py pysuite mem bench profile"
+DRY=${MOEBLAZE_DEV_DRY_RUN:-}
+steps=""
+for arg in "$@"; do
+  case $arg in
+    -h|--help) usage; exit 0 ;;
+    --list) echo "$ALL_STEPS"; exit 0 ;;
+    --dry-run) DRY=1 ;;
+    all) steps="$steps $ALL_STEPS" ;;
+    -*) echo "gpu_run: unknown option '$arg' (see --help)" >&2; exit 2 ;;
+    *) case " $ALL_STEPS " in
+         *" $arg "*) steps="$steps $arg" ;;
+         *) echo "gpu_run: unknown step '$arg'; steps: $ALL_STEPS all" >&2; exit 2 ;;
+       esac ;;
+  esac
+done
+steps=${steps:-gpu kinds defaults py}
+
+OUT=${MOEBLAZE_DEV_OUT:-device-out}
+LOG=$OUT/logs
+BUILD=${MOEBLAZE_DEV_BUILD:-build}
+BIN=$BUILD/bin/moeblaze
+PRESETS=${MOEBLAZE_DEV_PRESETS:-qwen3-30b-a3b}
+SUITE_PRESETS="mixtral-8x7b gpt-oss-20b olmoe-1b-7b qwen3-30b-a3b deepseek-v3 qwen3-next-80b"
+mkdir -p "$LOG"
+[ -x "$BIN" ] || { echo "gpu_run: $BIN not found (set MOEBLAZE_DEV_BUILD to the build folder)" >&2; exit 2; }
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+case $BUILD in /*) build_abs=$BUILD ;; *) build_abs=$PWD/$BUILD ;; esac
+export MOEBLAZE_LIBRARY=$build_abs/lib/libmoeblaze_c.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
+export MOEBLAZE_CACHE=${MOEBLAZE_CACHE:-/tmp/moeblaze-dev-cache.db}
+T_END=$(( $(date +%s) + ${MOEBLAZE_DEV_DEADLINE_S:-3600} ))
+[ -n "$DRY" ] || nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \
+  --format=csv > "$LOG/gpu.txt" 2>&1
+FAILS=0
+LAST_RC=0
+
+pack() { tar czf "$OUT/logs.tar.gz" -C "$OUT" logs; }
+
+# The check-only form of a moeblaze check or bench (same shape and tiles), nothing for others.
+dry_command() {
+  [ "$1" = "$BIN" ] || return 0
+  case ${2:-} in forward-check|grad-check|bench) ;; *) return 0 ;; esac
+  shift 2
+  local out="$BIN generate --check-only"
+  while [ $# -gt 0 ]; do
+    case $1 in
+      -E|-K|-d|-n|--activation|--router|--preset|--tile|--route-scale) out="$out $1 $2"; shift 2 ;;
+      --renormalize) out="$out $1"; shift ;;
+      -T|--mode|--routing|--steps|--samples|--seed|--db) shift 2 ;;
+      *) shift ;;  # flags: --no-cache, --tuned, --accumulate-fp32, --json
+    esac
+  done
+  echo "$out"
+}
+
+# expect WANT NAME LIMIT CMD...: runs CMD with a time limit, its log in $LOG/NAME.log; a
+# status other than WANT counts as a failure.
+expect() {
+  local want=$1 name=$2 limit=$3; shift 3
+  if [ -n "$DRY" ]; then
+    local dry
+    dry=$(dry_command "$@")
+    if [ -z "$dry" ]; then echo "$name: dry run, skipped" | tee -a "$OUT/summary.txt"; LAST_RC=0; return; fi
+    set -- $dry
+    want=0
+  fi
+  local t0 left
+  t0=$(date +%s)
+  left=$(( T_END - t0 ))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -le 5 ]; then
+    echo "$name skipped: deadline" | tee -a "$OUT/summary.txt"
+    LAST_RC=124 FAILS=$((FAILS + 1))
+    return
+  fi
+  timeout "$limit" "$@" > "$LOG/$name.log" 2>&1
+  LAST_RC=$?
+  printf '%-40s rc=%-3s %4ss | %s\n' "$name" "$LAST_RC" "$(( $(date +%s) - t0 ))" \
+    "$(grep -E '^(PASS|FAIL)|step .* ms|passed|failed|slower|every tile legal' "$LOG/$name.log" | tail -n 3 | tr '\n' ' ' | cut -c1-200)" \
+    | tee -a "$OUT/summary.txt"
+  if [ "$LAST_RC" -ne "$want" ]; then
+    echo "  expected rc=$want; the log's end:" | tee -a "$OUT/summary.txt"
+    tail -n 15 "$LOG/$name.log"
+    FAILS=$((FAILS + 1))
+  fi
+  pack
+}
+check() { expect 0 "$@"; }
+
+# ---- tile kinds: the tiles each kind runs (--tile FAMILY=TILE ...) and its small cases ----
+kind_tiles() {
+  case $1 in
+    wg|ws)
+      local x=_$1 t="--tile up_proj=128x128x64_w8x1_s3_$1 --tile down_proj=128x256x64_w8x1_s3_$1"
+      t="$t --tile router_logits=128x64x64_w8x1_s4$x"
+      for f in down_dgrad down_wgrad up_wgrad up_dgrad router_dgrad router_wgrad; do t="$t --tile $f=128x128x64_w8x1_s4$x"; done
+      echo "$t" ;;
+    wsp)  # persistent expert GEMMs; the router GEMMs cannot be persistent and run _ws
+      local t="--tile up_proj=128x128x64_w8x1_s3_wsp --tile down_proj=128x256x64_w8x1_s3_wsp"
+      t="$t --tile router_logits=128x64x64_w8x1_s4_ws"
+      for f in down_dgrad down_wgrad up_wgrad up_dgrad; do t="$t --tile $f=128x256x64_w8x1_s4_wsp"; done
+      for f in router_dgrad router_wgrad; do t="$t --tile $f=128x128x64_w8x1_s4_ws"; done
+      echo "$t" ;;
+    # The TMA kinds run the one-tile (_ws) or persistent (_wsp) form that the defaults do not.
+    tma_fwd) echo "--tile up_proj=128x128x64_w8x1_s4_ws_tma --tile down_proj=128x256x64_w8x1_s4_ws_tma" ;;
+    tma_wgrad) echo "--tile up_wgrad=128x256x64_w8x1_s4_ws_tma --tile down_wgrad=128x256x64_w8x1_s4_ws_tma" ;;
+    tma_dgrad) echo "--tile up_dgrad=128x256x64_w8x1_s4_wsp_tma --tile down_dgrad=128x256x64_w8x1_s4_ws_tma" ;;
+    bn192) echo "--tile down_proj=128x192x64_w8x1_s4_wsp_tma --tile up_dgrad=128x192x64_w8x1_s4_ws_tma --tile up_wgrad=128x192x64_w8x1_s4_wsp_tma" ;;
+    tstore) echo "--tile up_wgrad=128x256x64_w8x1_s3_wsp_tma_tstore --tile down_wgrad=128x256x64_w8x1_s3_wsp_tma_tstore" ;;
+    tstore_small) echo "--tile up_wgrad=128x128x64_w8x1_s4_wsp_tma_tstore --tile down_wgrad=128x256x64_w8x1_s3_ws_tstore" ;;
+    dgrad_wide) echo "--tile down_dgrad=128x256x64_w8x1_s4_wsp_tma" ;;
+    dgrad_narrow) echo "--tile down_dgrad=128x128x64_w8x1_s4_wsp_tma" ;;
+    swap) echo "--tile up_proj=128x128x64_w8x1_s4_wsp_tma_swap --tile down_proj=128x256x64_w8x1_s4_wsp_tma_swap --tile down_wgrad=128x256x64_w8x1_s4_wsp_tma_swap" ;;
+    pp)  # ping-pong: 128 rows a warpgroup (the gated up_proj's W1 and W3 tiles 64 wide each)
+      local t="--tile up_proj=128x64x64_w4x1_s6_pp_tma --tile down_proj=128x128x64_w4x1_s6_pp_tma"
+      t="$t --tile down_dgrad=128x128x64_w4x1_s6_pp_tma --tile up_dgrad=128x128x64_w4x1_s6_pp_tma"
+      echo "$t --tile up_wgrad=128x128x64_w4x1_s4_pp_tma_tstore --tile down_wgrad=128x128x64_w4x1_s4_pp_tma_tstore" ;;
+    pp64) echo "--tile up_proj=64x128x64_w4x1_s5_pp_tma --tile down_proj=64x256x64_w4x1_s5_pp_tma --tile up_wgrad=128x128x64_w4x1_s4_pp_tma" ;;
+    c2)  # cluster pairs: two blocks share each weight stage by TMA multicast
+      local t="--tile up_proj=128x128x64_w8x1_s4_wsp_tma_c2 --tile down_proj=128x256x64_w8x1_s4_wsp_tma_c2"
+      echo "$t --tile down_dgrad=128x256x64_w8x1_s4_wsp_tma_c2 --tile up_dgrad=128x256x64_w8x1_s4_wsp_tma_c2" ;;
+    pp_c2) echo "--tile up_proj=64x128x64_w4x1_s5_pp_tma_c2 --tile down_proj=64x256x64_w4x1_s5_pp_tma_c2" ;;
+  esac
+}
+KINDS="wg ws wsp tma_fwd tma_wgrad tma_dgrad bn192 tstore tstore_small dgrad_wide dgrad_narrow swap pp pp64 c2 pp_c2"
+
+# Small shapes, each for a reason: (E K d n T, then routing, mode, activation or precision).
+case_args() {
+  case $1 in
+    fwd) echo "forward-check -E 8 -K 2 -d 256 -n 128 -T 300" ;;
+    grad) echo "grad-check -E 8 -K 2 -d 256 -n 128 -T 300" ;;
+    skew) echo "grad-check -E 64 -K 8 -d 256 -n 192 -T 1000 --router none --routing skewed --activation silu" ;;  # hot experts, one up matrix
+    ragged) echo "grad-check -E 60 -K 4 -d 200 -n 200 -T 777 --activation geglu" ;;  # partial tiles both ways; up_wgrad tiles straddle dW1 | dW3
+    ragged_cols) echo "grad-check -E 60 -K 4 -d 200 -n 256 -T 777" ;;  # partial column tiles only
+    aligned) echo "grad-check -E 60 -K 4 -d 192 -n 256 -T 777 --activation geglu" ;;  # d, n multiples of 64 (TMA dgrad weight stages)
+    aligned_recompute) echo "grad-check -E 60 -K 4 -d 192 -n 256 -T 777 --mode recompute --activation gelu" ;;
+    aligned_chunked) echo "grad-check -E 8 -K 2 -d 128 -n 1024 -T 1000 --router none --routing skewed" ;;
+    dgrad_ragged) echo "grad-check -E 60 -K 4 -d 192 -n 200 -T 777 --activation geglu" ;;  # d % 64 = 0, a partial last N tile
+    recompute) echo "grad-check -E 60 -K 4 -d 136 -n 200 -T 777 --mode recompute --activation geglu" ;;
+    straddle_recompute) echo "grad-check -E 60 -K 4 -d 200 -n 200 -T 777 --mode recompute" ;;
+    chunked) echo "grad-check -E 8 -K 2 -d 128 -n 1000 -T 1000 --router none --routing skewed" ;;  # n > d: slot and column chunks
+    chunked_recompute) echo "grad-check -E 6 -K 2 -d 192 -n 520 -T 777 --mode recompute --activation gelu" ;;
+    fp32) echo "grad-check -E 8 -K 2 -d 256 -n 128 -T 300 --accumulate-fp32" ;;
+    cols192) echo "grad-check -E 8 -K 2 -d 384 -n 192 -T 300" ;;  # 192-wide tiles fill d and n exactly
+    ragged192) echo "grad-check -E 60 -K 4 -d 448 -n 320 -T 777 --activation geglu" ;;
+    skew192) echo "grad-check -E 64 -K 8 -d 576 -n 192 -T 1000 --router none --routing skewed" ;;
+  esac
+}
+kind_cases() {
+  case $1 in
+    wg|ws|wsp) echo "fwd grad skew recompute" ;;
+    tma_fwd) echo "fwd recompute skew chunked" ;;
+    tma_wgrad) echo "recompute skew chunked fp32" ;;
+    tma_dgrad) echo "aligned skew" ;;
+    bn192) echo "cols192 ragged192 skew192" ;;
+    tstore) echo "grad ragged_cols ragged skew chunked fp32" ;;
+    tstore_small) echo "straddle_recompute" ;;
+    dgrad_wide) echo "grad dgrad_ragged skew chunked chunked_recompute" ;;
+    dgrad_narrow) echo "dgrad_ragged" ;;
+    swap) echo "grad skew chunked" ;;
+    pp) echo "grad aligned skew aligned_recompute aligned_chunked fp32" ;;
+    pp64) echo "grad skew fp32" ;;
+    c2) echo "grad aligned skew aligned_recompute aligned_chunked" ;;
+    pp_c2) echo "grad skew aligned_chunked" ;;
+  esac
+}
+
+for s in $steps; do case $s in
+gpu) check gpu_tests 240 "$BUILD/bin/moeblaze_gpu_tests" ;;
+kinds)
+  for k in $KINDS; do
+    tiles=$(kind_tiles "$k")
+    first=1
+    for c in $(kind_cases "$k"); do
+      check "${k}_$c" 120 $BIN $(case_args "$c") $tiles
+      # A kind that fails (or hangs) its first, smallest check gets no more device time.
+      if [ $first = 1 ] && [ "$LAST_RC" -ne 0 ]; then echo "$k: first check failed, kind skipped" | tee -a "$OUT/summary.txt"; break; fi
+      first=0
+    done
+    [ "$LAST_RC" -eq 0 ] || continue
+    for p in ${MOEBLAZE_DEV_KIND_PRESETS:-}; do check "${k}_grad_$p" 240 $BIN grad-check --preset "$p" $tiles; done
+  done ;;
+defaults)
+  check default_chunked 120 $BIN $(case_args chunked)
+  check default_chunked_recompute 120 $BIN $(case_args chunked_recompute)
+  for p in $PRESETS; do
+    check "default_grad_$p" 240 $BIN grad-check --preset "$p"
+    check "default_recompute_$p" 240 $BIN grad-check --preset "$p" --mode recompute
+    check "default_skewed_$p" 240 $BIN grad-check --preset "$p" --router none --routing skewed
+  done ;;
+tune)
+  for p in $PRESETS; do
+    check "tune_$p" 400 $BIN tune --preset "$p" --budget "${MOEBLAZE_DEV_TUNE_BUDGET:-75}" \
+      --candidates "${MOEBLAZE_DEV_TUNE_CANDIDATES:-8}"
+  done
+  # The tuned cache comes back as tuned.db (carry it and run the import step to reuse it);
+  # dropping the losers' binaries keeps it small.
+  if [ -z "$DRY" ]; then
+    $BIN cache gc --max-mb 14 > "$LOG/cache_gc.log" 2>&1
+    $BIN cache export "$OUT/tuned.db" >> "$LOG/cache_gc.log" 2>&1
+  fi ;;
+import) check cache_import 60 $BIN cache import "${MOEBLAZE_DEV_IMPORT:-$BUILD/tuned.db}" ;;
+tuned) for p in $PRESETS; do check "tuned_grad_$p" 240 $BIN grad-check --preset "$p" --tuned; done ;;
+regress)
+  p=${PRESETS%% *}
+  base=$OUT/baseline-$p.json
+  check "regress_tune_$p" 400 $BIN tune --preset "$p" --budget "${MOEBLAZE_DEV_TUNE_BUDGET:-75}" \
+    --candidates "${MOEBLAZE_DEV_TUNE_CANDIDATES:-8}" --baseline-out "$base"
+  check "regress_pass_$p" 200 $BIN regress --baseline "$base"
+  expect 1 "regress_forced_$p" 200 $BIN regress --baseline "$base" --force up_proj=64x64x64_w2x2_s2 ;;
+tiles)
+  for c in ${MOEBLAZE_DEV_TILES:-}; do
+    p=${c%%:*}
+    check "tile_grad_${p}_${c#*:}" 240 $BIN grad-check --preset "$p" --tile "${c#*:}"
+    check "tile_bench_${p}_${c#*:}" 200 $BIN bench --preset "$p" --no-cache --tile "${c#*:}"
+    check "default_bench_${p}_for_${c#*:}" 200 $BIN bench --preset "$p" --no-cache
+  done ;;
+py) check py_tests 400 python3 -m pytest -x -q python/tests ;;
+pysuite) check py_suite_tests 500 env MOEBLAZE_SUITE=1 python3 -m pytest -x -q python/tests/test_torch_gpu.py -k module_matches ;;
+mem) check memory_probe 200 python3 bench/memory_probe.py --shapes "${MOEBLAZE_DEV_MEM_SHAPES:-mixtral-8x7b}" ;;
+bench)
+  check suite 580 python3 bench/suite.py --shapes "${MOEBLAZE_DEV_SUITE_SHAPES:-qwen3-30b-a3b}" \
+    --routing "${MOEBLAZE_DEV_SUITE_ROUTING:-random}" --out "$OUT/suite" ${MOEBLAZE_DEV_SUITE_ARGS:-} ;;
+profile)
+  pf=${MOEBLAZE_DEV_PROFILE_FAMILIES:-up_proj|down_proj|up_dgrad|up_wgrad|down_dgrad|down_wgrad}
+  preset=${MOEBLAZE_DEV_PROFILE_PRESET:-mixtral-8x7b}
+  sections=""
+  for x in ${MOEBLAZE_DEV_PROFILE_SECTIONS:-SpeedOfLight MemoryWorkloadAnalysis ComputeWorkloadAnalysis WarpStateStats SchedulerStats Occupancy LaunchStats}; do
+    sections="$sections --section $x"
+  done
+  if [ -n "$DRY" ]; then  # the profiled run's shape and tiles, checked like a bench
+    check "profile_$preset" 60 $BIN bench --preset "$preset" ${MOEBLAZE_DEV_PROFILE_ARGS:-}
+  else
+    check "profile_$preset" 400 ncu --target-processes all -k "regex:mb_($pf)_" \
+      --launch-count "$(echo "$pf" | tr '|' '\n' | wc -l)" $sections \
+      $BIN bench --preset "$preset" --no-cache --steps 10 ${MOEBLAZE_DEV_PROFILE_ARGS:-}
+  fi ;;
+esac; done
+[ -n "$DRY" ] || pack
+echo "gpu_run: $FAILS command(s) did not end as expected" | tee -a "$OUT/summary.txt"
+[ "$FAILS" -eq 0 ]
