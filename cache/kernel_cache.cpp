@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 #include <sqlite3.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -57,37 +58,91 @@ uint64_t fnv1a64(const void* data, size_t n) {
   return h;
 }
 
-// Checks the path before SQLite sees it, so that the error names the path and the OS's
-// reason instead of SQLite's "unable to open database file".
-void check_access(const std::string& path, bool read_only) {
-  auto os_error = [&](const std::string& what, int err) {
-    return CacheError(fmt::format("cache {}: {}: {}", path, what, std::strerror(err)));
-  };
+std::string os_reason(int err) { return std::strerror(err); }
+
+// What kind of thing a stat() result is, for messages.
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// Creates the missing folders of `folder` one by one, each 0700: the cache holds code that
+// runs on the GPU, so other users must not be able to plant files in it.
+void create_private_folders(const fs::path& folder, const std::string& path) {
+  std::vector<fs::path> missing;
   std::error_code ec;
-  if (fs::is_directory(path, ec)) throw os_error("cannot use as a cache file", EISDIR);
-  const bool exists = fs::exists(path, ec);
-  if (read_only) {
-    if (!exists) throw os_error("cannot open read-only", ENOENT);
-    if (access(path.c_str(), R_OK) != 0) throw os_error("cannot read", errno);
-    return;
+  for (fs::path f = folder; !f.empty() && !fs::exists(f, ec); f = f.parent_path()) {
+    missing.push_back(f);
+    if (f == f.parent_path()) break;
+  }
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it)
+    if (::mkdir(it->c_str(), 0700) != 0 && errno != EEXIST)
+      throw CacheError(fmt::format("cache {}: cannot create folder {}: {}", path, it->string(), os_reason(errno)));
+}
+
+// What the path allows, found before SQLite sees it: so that errors name the path and the
+// OS's reason, so that a FIFO or a device never reaches open() (which would block), and so
+// that a file this process cannot write is opened for reading instead of failing.
+struct PathAccess {
+  bool exists = false;
+  std::string cannot_write;  // why the cache cannot be written (empty: it can)
+};
+
+PathAccess check_path(const std::string& path, bool read_only) {
+  auto os_error = [&](const std::string& what, int err) {
+    return CacheError(fmt::format("cache {}: {}: {}", path, what, os_reason(err)));
+  };
+  PathAccess a;
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) throw os_error("cannot use as a cache file", EISDIR);
+    if (!S_ISREG(st.st_mode))
+      throw CacheError(fmt::format("cache {}: cannot use as a cache file: it is {}, not a regular file", path,
+                                   file_kind(st.st_mode)));
+    a.exists = true;
+    if (::access(path.c_str(), R_OK) != 0) throw os_error("cannot read", errno);
+  } else if (errno != ENOENT) {
+    throw os_error("cannot use as a cache file", errno);  // e.g. ENOTDIR: a file where a folder should be
+  } else if (read_only) {
+    throw os_error("cannot open read-only", ENOENT);
   }
   fs::path folder = fs::path(path).parent_path();
   if (folder.empty()) folder = ".";
-  if (!fs::exists(folder, ec)) {
-    fs::create_directories(folder, ec);
-    if (ec) throw CacheError(fmt::format("cache {}: cannot create folder {}: {}", path, folder.string(), ec.message()));
+  std::error_code ec;
+  if (!a.exists) {
+    if (!fs::exists(folder, ec)) create_private_folders(folder, path);
+    if (!fs::is_directory(folder, ec)) throw os_error(fmt::format("folder {}", folder.string()), ENOTDIR);
   }
-  if (!fs::is_directory(folder, ec)) throw os_error(fmt::format("folder {}", folder.string()), ENOTDIR);
-  // The folder must be writable too: WAL mode creates PATH-wal and PATH-shm beside the file.
-  if (access(folder.c_str(), W_OK | X_OK) != 0) throw os_error(fmt::format("cannot write in folder {}", folder.string()), errno);
-  if (exists && access(path.c_str(), R_OK | W_OK) != 0) throw os_error("cannot read and write", errno);
+  if (read_only) return a;
+  // WAL mode creates PATH-wal and PATH-shm beside the file: the folder must be writable too.
+  if (::access(folder.c_str(), W_OK | X_OK) != 0)
+    a.cannot_write = fmt::format("cannot write in folder {}: {}", folder.string(), os_reason(errno));
+  else if (a.exists && ::access(path.c_str(), W_OK) != 0)
+    a.cannot_write = fmt::format("cannot write the file: {}", os_reason(errno));
+  if (!a.exists && !a.cannot_write.empty()) throw CacheError(fmt::format("cache {}: {}", path, a.cannot_write));
+  return a;
 }
 
-// Why an open file cannot serve as this build's cache: empty when it can. `corrupt` tells
-// a damaged file from a healthy one that belongs to someone else (or to a newer moeblaze).
+// A new cache file, created before SQLite opens it so that it is private (0600); SQLite
+// gives PATH-wal and PATH-shm the same mode.
+void create_private_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd >= 0) ::close(fd);
+  else if (errno != EEXIST)  // another process created it first: it is opened as found
+    throw CacheError(fmt::format("cache {}: cannot create: {}", path, os_reason(errno)));
+}
+
+// Why an open file cannot serve as this build's cache. `damaged`: a moeblaze cache whose
+// pages fail quick_check (salvageable); otherwise foreign, newer, or not a database at all.
 struct Unusable {
   std::string reason;
-  bool corrupt = false;
+  bool damaged = false;
+  std::vector<std::string> problems;
+  static Unusable refused(std::string why) { return Unusable{std::move(why), false, {}}; }
 };
 
 Unusable check_file(Connection& db) {
@@ -103,50 +158,30 @@ Unusable check_file(Connection& db) {
     const int64_t version = scalar(db, "PRAGMA user_version");
     const int64_t objects = scalar(db, "SELECT count(*) FROM sqlite_master");
     if (app != kApplicationId && !(app == 0 && objects == 0))  // an empty file is a fresh cache
-      return {fmt::format("not a moeblaze cache: application_id {:#x}", app), false};
+      return Unusable::refused(fmt::format("not a moeblaze cache (application_id {:#x}); it is left as it is", app));
     if (version > kCacheSchemaVersion)
-      return {fmt::format("schema version {} is newer than this build's {}", version, kCacheSchemaVersion), false};
-    Statement check(db, "PRAGMA quick_check", "checking the file");
+      return Unusable::refused(fmt::format("schema version {} is newer than this build's {}: a newer moeblaze wrote "
+                                           "it; it is left as it is (use that moeblaze, or another cache file)",
+                                           version, kCacheSchemaVersion));
+    Unusable u;
+    Statement check(db, "PRAGMA quick_check(20)", "checking the file");
     while (check.step())
-      if (const std::string row = check.text(0); row != "ok") return {"quick_check: " + row, true};
+      if (const std::string row = check.text(0); row != "ok") u.problems.push_back(row);
+    if (!u.problems.empty()) {
+      u.reason = "damaged (quick_check: " + u.problems[0] + (u.problems.size() > 1 ? ", ..." : "") + ")";
+      u.damaged = true;
+    }
+    return u;
   } catch (const SqliteError& e) {
-    if (e.code == SQLITE_NOTADB || e.code == SQLITE_CORRUPT) return {sqlite3_errstr(e.code), true};
+    if (e.code == SQLITE_NOTADB) return Unusable::refused("not an SQLite database; it is left as it is");
+    if (e.code == SQLITE_CORRUPT) return Unusable{fmt::format("damaged ({})", sqlite3_errstr(e.code)), true, {sqlite3_errstr(e.code)}};
     throw;
   }
-  return {};
-}
-
-// Which file a path names now (device, inode), to tell whether it was replaced meanwhile.
-struct FileId {
-  dev_t device;
-  ino_t inode;
-  bool operator==(const FileId&) const = default;
-};
-std::optional<FileId> file_id(const std::string& path) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
-  return FileId{st.st_dev, st.st_ino};
 }
 
 void set_checkpoint_on_close(Connection& db, bool on) {
   if (const int rc = sqlite3_db_config(db.get(), SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, on ? 0 : 1, nullptr); rc != SQLITE_OK)
     db.fail(rc, "setting checkpoint on close");
-}
-
-// Renames PATH (and its -wal and -shm, which must not meet a fresh file) to
-// PATH.corrupt-<unix time>; returns the new name.
-std::string move_aside(const std::string& path) {
-  const long long now = static_cast<long long>(std::time(nullptr));
-  std::string target = fmt::format("{}.corrupt-{}", path, now);
-  std::error_code ec;
-  for (int i = 1; fs::exists(target, ec); ++i) target = fmt::format("{}.corrupt-{}-{}", path, now, i);
-  for (const char* suffix : {"", "-wal", "-shm"}) {
-    const std::string from = path + suffix, to = target + suffix;
-    if (suffix[0] && !fs::exists(from, ec)) continue;
-    if (std::rename(from.c_str(), to.c_str()) != 0)
-      throw CacheError(fmt::format("cache {}: cannot move {} aside to {}: {}", path, from, to, std::strerror(errno)));
-  }
-  return target;
 }
 
 // WAL lets readers run beside the one writer. Switching needs a moment of exclusive access,
@@ -265,32 +300,55 @@ std::string TuningKey::text() const {
 std::string TuningKey::hash() const { return key_hash(text()); }
 
 void KernelCache::Impl::open() {
-  check_access(path, read_only);
-  for (int attempt = 0;; ++attempt) {
-    db = std::make_unique<Connection>(path, read_only);
-    const std::optional<FileId> opened = file_id(path);
+  const PathAccess access = check_path(path, read_only);
+  const bool fell_back = !read_only && !access.cannot_write.empty();
+  if (fell_back) {
+    read_only = true;
+    notices.push_back(fmt::format("cache {} is read-only ({}): reading it, nothing will be stored", path,
+                                  access.cannot_write));
+  }
+  if (!access.exists) create_private_file(path);
+  auto attempt = [&](OpenAs as) {
+    db = std::make_unique<Connection>(path, as);
     // Until the file is known good, closing must not checkpoint a -wal into it (nor delete
-    // the -wal and -shm): a bad file is moved aside as it was found.
+    // the -wal and -shm): a refused file stays exactly as it was found.
     set_checkpoint_on_close(*db, false);
-    const Unusable u = check_file(*db);
-    if (u.reason.empty()) break;
-    if (read_only)
-      throw CacheError(fmt::format("cache {}: cannot use it ({}); open it writable once to replace it", path, u.reason));
-    if (attempt == 2) throw CacheError(fmt::format("cache {}: still unusable after moving it aside ({})", path, u.reason));
-    db.reset();  // closed before the rename, so that no handle points at the moved file
-    // Another process that found the same bad file may have moved it already: then the path
-    // holds its fresh cache, which the next round checks instead of moving it.
-    if (opened && file_id(path) == opened) {
-      const std::string moved = move_aside(path);
-      notices.push_back(fmt::format("cache {} was {} ({}); moved to {}; starting a fresh cache", path,
-                                    u.corrupt ? "corrupt" : "not usable by this build", u.reason, moved));
+    return check_file(*db);
+  };
+  Unusable u;
+  if (!read_only) {
+    u = attempt(OpenAs::read_write);
+  } else {
+    try {
+      u = attempt(OpenAs::read_only);
+    } catch (const SqliteError& e) {
+      // A WAL file in a folder this process cannot write: SQLite cannot create the -shm it
+      // needs to read, so read the file as it is, without locks.
+      if (e.code != SQLITE_CANTOPEN && e.code != SQLITE_READONLY && e.code != SQLITE_IOERR) throw;
+      db.reset();
+      u = attempt(OpenAs::immutable);
+      std::error_code ec;
+      const auto wal = fs::file_size(path + "-wal", ec);
+      notices.push_back(fmt::format("cache {}: opened without locks (its folder is read-only){}", path,
+                                    !ec && wal > 0 ? fmt::format("; the {} bytes of {}-wal are not read", wal, path) : ""));
     }
+  }
+  if (!u.reason.empty()) {
+    db.reset();
+    if (u.damaged)
+      throw CacheDamaged(fmt::format("cache {} is {}; nothing was changed. `moeblaze cache verify --db {}` lists the "
+                                     "damage; `moeblaze cache verify --fix --db {}` copies every readable row into a "
+                                     "fresh file and keeps the damaged one beside it",
+                                     path, u.reason, path, path),
+                         u.problems);
+    throw CacheError(fmt::format("cache {}: {}", path, u.reason));
   }
   set_checkpoint_on_close(*db, true);
   if (read_only) {  // no migration without write access
     if (const int64_t v = scalar(*db, "PRAGMA user_version"); v != kCacheSchemaVersion)
-      throw CacheError(fmt::format("cache {}: schema version {}, this build needs {}; open it writable once", path,
-                                   v, kCacheSchemaVersion));
+      throw CacheError(fmt::format("cache {}: schema version {}, this build needs {}; it cannot be set up read-only{}",
+                                   path, v, kCacheSchemaVersion,
+                                   fell_back ? " (" + access.cannot_write + ")" : ""));
     return;
   }
   enable_wal(*db, notices);
@@ -351,6 +409,7 @@ KernelCache::KernelCache(const std::string& path, bool read_only) {
 KernelCache::~KernelCache() { delete impl_; }
 
 const std::string& KernelCache::path() const { return impl_->path; }
+bool KernelCache::writable() const { return !impl_->read_only; }
 const std::vector<std::string>& KernelCache::notices() const { return impl_->notices; }
 
 std::optional<CachedBinary> KernelCache::find_binary(const std::string& hash, const std::string& key) {

@@ -4,12 +4,21 @@
 // Practice (docs/design.md "Cache keys"): WAL journal on local disk, busy_timeout, short
 // BEGIN IMMEDIATE write transactions, never a transaction open across a compile or a measurement;
 // PRAGMA user_version for schema migrations; a checksum on every blob (a blob that fails it
-// is deleted and reported, and the caller rebuilds it); a file that is not a moeblaze cache
-// or is corrupt is moved aside and a fresh cache started, with a notice. Every measurement
-// and every failure is kept, not only winners. Keys are stored in full beside their hash:
-// a hash hit whose full key differs is a miss, never a crash.
+// is deleted and reported, and the caller rebuilds it). Every measurement and every failure
+// is kept, not only winners. Keys are stored in full beside their hash: a hash hit whose full
+// key differs is a miss, never a crash.
+//
+// The file holds a user's tuning hours, so nothing here moves, empties or replaces it on its
+// own: a file that is damaged, foreign, of a newer schema or not a regular file is refused
+// with a CacheError naming the problem and left as it was. Only `salvage` (the explicit
+// `moeblaze cache verify --fix`) writes a fresh file, and it keeps the original beside it.
+// A cache that cannot be written (file mode, read-only folder or file system) is opened for
+// reading, and writes then say that it is read-only. A new folder is created 0700 and a new
+// file 0600: importing or loading a cache means running its GPU code (README "Trust").
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +32,13 @@ struct CacheError : std::exception {
   std::string message;
   explicit CacheError(std::string m) : message(std::move(m)) {}
   const char* what() const noexcept override { return message.c_str(); }
+};
+
+// The file is a moeblaze cache whose pages are damaged (quick_check or a read failed). It is
+// left in place; `problems` holds SQLite's findings.
+struct CacheDamaged : CacheError {
+  std::vector<std::string> problems;
+  CacheDamaged(std::string m, std::vector<std::string> p) : CacheError(std::move(m)), problems(std::move(p)) {}
 };
 
 // A compiled kernel. `key` is the full binary key (generator version, template hash,
@@ -75,8 +91,46 @@ struct CacheSummary {
 
 struct VerifyReport {
   int64_t binaries_checked = 0, bad_checksums = 0;  // bad rows are deleted when fix is true
-  bool integrity_ok = true;                          // PRAGMA integrity_check
+  bool integrity_ok = true;                          // PRAGMA integrity_check (nothing is deleted when it fails)
   std::vector<std::string> problems;
+};
+
+// What an import (or a salvage) took from a file, per table, and why it left rows out.
+struct TableCopy {
+  int64_t read = 0;        // rows read from the file
+  int64_t taken = 0;       // rows written into the cache
+  int64_t duplicates = 0;  // rows the cache already had (natural key), so nothing was written
+  int64_t unreadable = 0;  // rows whose pages could not be read (salvage only)
+  int64_t damaged_ranges = 0;  // runs of ids skipped because a page of the table's tree is damaged (salvage only)
+};
+struct ImportReport {
+  TableCopy binaries, measurements, winners;
+  std::map<std::string, int64_t> skipped;  // "table.column: problem" -> rows left out because they failed a check
+  std::vector<std::string> notes;          // tables that could not be read at all (salvage)
+  int64_t taken() const { return binaries.taken + measurements.taken + winners.taken; }
+  int64_t skipped_rows() const;
+};
+
+// Upper bounds of what one import takes (README "Limits"); a file beyond max_file_bytes is
+// refused, rows beyond max_rows per table and values beyond the byte limits are skipped.
+struct ImportLimits {
+  int64_t max_file_bytes = int64_t{16} << 30;
+  int64_t max_rows = 1'000'000;          // per table
+  int64_t max_blob_bytes = int64_t{64} << 20;  // one cubin
+  int64_t max_text_bytes = 64 << 10;      // one key, name, shape, ... field
+  int64_t max_log_bytes = 4 << 20;        // one NVRTC log or failure detail
+};
+
+// Checks of a tuning row that need the generator (layers above the cache supply it, see
+// runtime/cache_keys.hpp): empty when `family` is a kernel family and `config` a tile of it,
+// else the reason.
+using TuningRowCheck = std::function<std::string(const std::string& family, const std::string& config)>;
+
+// What `salvage` did: rows copied into the fresh file, what was lost, where the original went.
+struct SalvageReport {
+  ImportReport copied;
+  std::string damaged_copy;  // the original, renamed beside the cache (never deleted)
+  std::vector<std::string> problems;  // what quick_check reported before the copy
 };
 
 class KernelCache {
@@ -85,16 +139,26 @@ class KernelCache {
   // $HOME/.cache/moeblaze/kernels.db.
   static std::string default_path();
 
-  // Opens (creating folders and file as needed) and migrates. A file that is not a
-  // moeblaze cache (wrong application_id, newer schema, or not a database / corrupt) is
-  // renamed to PATH.corrupt-<unix time> and a fresh cache is created; notices() says so.
-  // Throws CacheError with the path and the reason when the file or its folder cannot be
-  // read or written (read_only: opened without write; writes then throw).
+  // Opens and migrates; writable unless read_only or the file or its folder cannot be written
+  // (then reads only, with a notice). A missing file is created (0600, its folders 0700)
+  // unless read_only. Throws CacheError naming the path and the reason, and changes nothing,
+  // when the path is not a regular file, cannot be read, is not an SQLite database, belongs
+  // to another application, has a newer schema version (both versions named), or is damaged
+  // (CacheDamaged: `moeblaze cache verify --fix` salvages it).
   explicit KernelCache(const std::string& path, bool read_only = false);
   ~KernelCache();
   KernelCache(const KernelCache&) = delete;
   KernelCache& operator=(const KernelCache&) = delete;
 
+  // Copies every readable, valid row of the damaged cache at `path` into a fresh file (row by
+  // row, skipping unreadable pages), renames the original to PATH.damaged-<time> (with its
+  // -wal and -shm) and puts the fresh file at PATH. Refuses files that are not SQLite
+  // databases, belong to another application or have a newer schema. Run it while no other
+  // process uses the cache.
+  static SalvageReport salvage(const std::string& path, const TuningRowCheck& check = {});
+
+  // False when the cache was opened for reading only (asked for, or the file is read-only).
+  bool writable() const;
   const std::string& path() const;
   const std::vector<std::string>& notices() const;
 
@@ -116,11 +180,20 @@ class KernelCache {
 
   // Administration.
   CacheSummary summary();
-  void export_to(const std::string& file);    // a portable SQLite file with every table
-  int64_t import_from(const std::string& file);  // rows taken (insert or replace); validates the file first
+  void export_to(const std::string& file);  // a portable SQLite file with every table
+  // Takes the valid rows of an exported file. The file is opened read-only and defensively
+  // (trusted_schema off, no views or triggers), must be a moeblaze export of this schema whose
+  // three tables are real tables with the expected columns, and must pass quick_check; each row
+  // is checked (types, finite numbers, key hashes, checksums, ELF cubins, no control
+  // characters, `check` for families and tiles) and left out with a reason when it fails;
+  // rows the cache already has (same natural key) are not written again.
+  ImportReport import_from(const std::string& file, const TuningRowCheck& check = {}, const ImportLimits& limits = {});
+  // integrity_check and every blob's checksum. fix: deletes binaries whose checksum fails
+  // (they are rebuilt on demand); a failed integrity check is only reported (see salvage).
   VerifyReport verify(bool fix);
   // Deletes binaries not named by a winner, oldest first, then any oldest binaries, until
-  // the binary bytes are at most max_bytes; vacuums. Returns rows deleted.
+  // the binary bytes are at most max_bytes (nothing when they already are); vacuums.
+  // Tuning results are never deleted. Returns rows deleted.
   int64_t gc(int64_t max_bytes);
 
  private:

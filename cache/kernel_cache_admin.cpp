@@ -24,28 +24,6 @@ constexpr const char* kNamedByWinner =
     "AND instr(binaries.kernel_name, '_' || w.family || '_') > 0 "
     "AND substr(binaries.kernel_name, -length(w.config) - 1) = '_' || w.config)";
 
-// Checks that `file` is a moeblaze cache of this schema with every table and column, from a
-// read-only connection of its own, before anything of it is attached.
-void validate_export(const std::string& cache_path, const std::string& file) {
-  auto reject = [&](const std::string& why) {
-    return CacheError(fmt::format("cache {}: {} is not a moeblaze cache export ({})", cache_path, file, why));
-  };
-  std::error_code ec;
-  if (!fs::is_regular_file(file, ec)) throw reject("no such file");
-  try {
-    Connection src(file, true);
-    if (const int64_t app = scalar(src, "PRAGMA application_id"); app != kApplicationId)
-      throw reject(fmt::format("application_id {:#x}", app));
-    if (const int64_t v = scalar(src, "PRAGMA user_version"); v != kCacheSchemaVersion)
-      throw reject(fmt::format("schema version {}, this build reads {}", v, kCacheSchemaVersion));
-    for (auto [table, columns] : {std::pair{"binaries", kBinaryColumns}, std::pair{"measurements", kMeasurementColumns},
-                                  std::pair{"winners", kWinnerColumns}})
-      Statement(src, fmt::format("SELECT {} FROM {} LIMIT 0", columns, table), fmt::format("reading table {}", table));
-  } catch (const SqliteError& e) {
-    throw reject(e.what());
-  }
-}
-
 }  // namespace
 
 CacheSummary KernelCache::summary() {
@@ -82,56 +60,37 @@ void KernelCache::export_to(const std::string& file) {
   s.bind_text(1, file_uri(file)).step();
 }
 
-int64_t KernelCache::import_from(const std::string& file) {
-  impl_->require_writable("import " + file);
-  validate_export(impl_->path, file);
-  Connection& db = *impl_->db;
-  {
-    Statement attach(db, "ATTACH DATABASE ? AS import_src", "attaching " + file);
-    attach.bind_text(1, file_uri(file, "?mode=ro")).step();
-  }
-  struct Detach {  // ATTACH and DETACH cannot run inside the transaction
-    sqlite3* db;
-    ~Detach() { sqlite3_exec(db, "DETACH DATABASE import_src", nullptr, nullptr, nullptr); }
-  } detach{db.get()};
-  int64_t rows = 0;
-  impl_->write("import " + file, [&] {
-    for (const std::string& sql :
-         {fmt::format("INSERT OR REPLACE INTO main.binaries({0}) SELECT {0} FROM import_src.binaries", kBinaryColumns),
-          fmt::format("INSERT OR REPLACE INTO main.winners({0}) SELECT {0} FROM import_src.winners", kWinnerColumns),
-          fmt::format("INSERT INTO main.measurements({0}) SELECT {0} FROM import_src.measurements ORDER BY id",
-                      kMeasurementColumns)}) {
-      db.exec(sql, "importing " + file);
-      rows += sqlite3_changes64(db.get());
-    }
-  });
-  return rows;
-}
-
 VerifyReport KernelCache::verify(bool fix) {
   Connection& db = *impl_->db;
   VerifyReport r;
-  {
-    Statement check(db, "PRAGMA integrity_check", "checking integrity");
-    while (check.step())
-      if (const std::string row = check.text(0); row != "ok") {
-        r.integrity_ok = false;
-        r.problems.push_back("integrity_check: " + row);
-      }
-  }
   std::vector<std::pair<std::string, std::vector<char>>> bad;  // key hash, the blob that failed
-  {
+  try {
+    {
+      Statement check(db, "PRAGMA integrity_check(100)", "checking integrity");
+      while (check.step())
+        if (const std::string row = check.text(0); row != "ok") {
+          r.integrity_ok = false;
+          r.problems.push_back("integrity_check: " + row);
+        }
+    }
     Statement s(db, "SELECT key_hash, kernel_name, cubin, checksum FROM binaries ORDER BY key_hash", "checking binaries");
     while (s.step()) {
       ++r.binaries_checked;
       std::vector<char> cubin = s.blob(2);
       if (checksum(cubin) == s.text(3)) continue;
       ++r.bad_checksums;
-      r.problems.push_back(fmt::format("binary {} ({}) fails its checksum{}", s.text(0), s.text(1), fix ? "; deleted" : ""));
+      r.problems.push_back(fmt::format("binary {} ({}) fails its checksum{}", s.text(0), s.text(1),
+                                       fix && r.integrity_ok ? "; deleted" : ""));
       bad.emplace_back(s.text(0), std::move(cubin));
     }
+  } catch (const SqliteError& e) {
+    if (e.code != SQLITE_CORRUPT && e.code != SQLITE_NOTADB) throw;
+    r.integrity_ok = false;
+    r.problems.push_back(e.what());
   }
-  if (fix && !bad.empty())
+  // Deleting rows of a file whose pages are damaged could lose more than it fixes: that file is
+  // only reported, and salvage() copies its readable rows instead.
+  if (fix && r.integrity_ok && !bad.empty())
     impl_->write("delete binaries that fail their checksum", [&] {
       Statement del(db, "DELETE FROM binaries WHERE key_hash = ? AND cubin = ?", "deleting a bad binary");
       for (const auto& [hash, cubin] : bad) {
@@ -143,6 +102,7 @@ VerifyReport KernelCache::verify(bool fix) {
 }
 
 int64_t KernelCache::gc(int64_t max_bytes) {
+  if (max_bytes < 0) throw CacheError(fmt::format("cache {}: gc: the size cap {} must not be negative", impl_->path, max_bytes));
   Connection& db = *impl_->db;
   int64_t deleted = 0;
   impl_->write("garbage-collect binaries", [&] {

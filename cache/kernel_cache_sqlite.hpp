@@ -32,11 +32,11 @@ inline constexpr const char* kWinnerColumns =
     "key_hash, key_text, family, template_hash, shape, token_bucket, device, policy, config, median_ms, "
     "spread_ms, default_ms, created";
 
-// A CacheError that keeps the SQLite result code, so that opening can tell a file that is
-// not a database (move it aside) from one that is locked or unreadable (report it).
+// A CacheError that keeps the SQLite result code (primary and extended), so that callers can
+// tell a damaged file from a locked or unreadable one.
 struct SqliteError : CacheError {
-  int code;
-  SqliteError(std::string m, int c) : CacheError(std::move(m)), code(c & 0xff) {}
+  int code, extended_code;
+  SqliteError(std::string m, int c) : CacheError(std::move(m)), code(c & 0xff), extended_code(c) {}
 };
 
 double unix_now();
@@ -46,18 +46,36 @@ std::string checksum(const std::vector<char>& blob);
 // ask for mode=ro; encoding every path this way keeps names like "file:x" or "a?b" literal.
 std::string file_uri(const std::string& path, const char* query = "");
 
+// How a connection opens its file.
+enum class OpenAs {
+  read_write,  // creates the file if missing
+  read_only,
+  immutable,   // read-only, no locks and no -wal/-shm: for files in folders this process cannot write
+  untrusted,   // read-only and defensive, for files from elsewhere (import): trusted_schema off, no views,
+               // no triggers, SQLite's defensive mode, cell size checks
+  untrusted_immutable,  // the same, without locks (an untrusted file in a folder this process cannot write)
+};
+
 // An open sqlite3* and the path it names in error messages.
 class Connection {
  public:
-  Connection(const std::string& path, bool read_only) : path_(path) {
-    const int flags = SQLITE_OPEN_URI | (read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
-    const int rc = sqlite3_open_v2(file_uri(path).c_str(), &db_, flags, nullptr);
+  Connection(const std::string& path, OpenAs as) : path_(path) {
+    const bool writes = as == OpenAs::read_write;
+    const int flags = SQLITE_OPEN_URI | (writes ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE : SQLITE_OPEN_READONLY);
+    untrusted_ = as == OpenAs::untrusted || as == OpenAs::untrusted_immutable;
+    const bool untrusted = untrusted_;
+    const char* query = as == OpenAs::immutable || as == OpenAs::untrusted_immutable ? "?immutable=1"
+                        : writes                                                   ? ""
+                                                                                   : "?mode=ro";
+    const int rc = sqlite3_open_v2(file_uri(path, query).c_str(), &db_, flags, nullptr);
     if (rc != SQLITE_OK) {
       const std::string why = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
       sqlite3_close_v2(db_);
       throw SqliteError(fmt::format("cache {}: cannot open: {}", path, why), rc);
     }
     sqlite3_busy_timeout(db_, kBusyTimeoutMs);
+    sqlite3_extended_result_codes(db_, 1);
+    if (untrusted) harden();
   }
   ~Connection() { sqlite3_close_v2(db_); }
   Connection(const Connection&) = delete;
@@ -66,16 +84,36 @@ class Connection {
   sqlite3* get() const { return db_; }
   const std::string& path() const { return path_; }
 
+  // A damaged cache gets the command that salvages it named in the message (a file being
+  // imported is not a cache of the user's: no such advice).
   [[noreturn]] void fail(int rc, const std::string& what) const {
-    throw SqliteError(fmt::format("cache {}: {}: {}", path_, what, sqlite3_errmsg(db_)), rc);
+    const int primary = rc & 0xff;
+    const bool damaged = !untrusted_ && (primary == SQLITE_CORRUPT || primary == SQLITE_NOTADB);
+    throw SqliteError(fmt::format("cache {}: {}: {}{}", path_, what, sqlite3_errmsg(db_),
+                                  damaged ? fmt::format(" (the file is left as it is; `moeblaze cache verify --db {}` "
+                                                        "reports the damage and `--fix` salvages its readable rows)",
+                                                        path_)
+                                          : ""),
+                      rc);
   }
   void exec(const std::string& sql, const std::string& what) {
     if (const int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, nullptr); rc != SQLITE_OK) fail(rc, what);
   }
 
  private:
+  // Before the schema is read: nothing in the file may run code or change anything.
+  void harden() {
+    for (auto [option, value] : {std::pair{SQLITE_DBCONFIG_DEFENSIVE, 1}, std::pair{SQLITE_DBCONFIG_TRUSTED_SCHEMA, 0},
+                                 std::pair{SQLITE_DBCONFIG_ENABLE_VIEW, 0}, std::pair{SQLITE_DBCONFIG_ENABLE_TRIGGER, 0}})
+      if (const int rc = sqlite3_db_config(db_, option, value, nullptr); rc != SQLITE_OK)
+        fail(rc, "opening defensively");
+    sqlite3_limit(db_, SQLITE_LIMIT_ATTACHED, 0);
+    exec("PRAGMA cell_size_check = ON", "opening defensively");
+  }
+
   std::string path_;
   sqlite3* db_ = nullptr;
+  bool untrusted_ = false;
 };
 
 // A prepared statement; `what` says in errors what it was doing ("storing a binary").
@@ -93,6 +131,11 @@ class Statement {
   }
   Statement& bind_int(int i, int64_t v) { return check(sqlite3_bind_int64(s_, i, v)); }
   Statement& bind_real(int i, double v) { return check(sqlite3_bind_double(s_, i, v)); }
+  Statement& bind_null(int i) { return check(sqlite3_bind_null(s_, i)); }
+  Statement& bind_blob_bytes(int i, const std::string& v) {
+    static const char empty = 0;
+    return check(sqlite3_bind_blob(s_, i, v.empty() ? &empty : v.data(), int(v.size()), SQLITE_TRANSIENT));
+  }
   Statement& bind_blob(int i, const std::vector<char>& v) {
     // A null pointer would bind NULL; an empty binary is an empty blob.
     static const char empty = 0;
@@ -166,7 +209,8 @@ struct KernelCache::Impl {
   std::vector<std::string> notices;
   std::unique_ptr<cache_detail::Connection> db;
 
-  // Checks the path, opens, moves a corrupt or foreign file aside, migrates.
+  // Checks the path, opens (falling back to reading when the file cannot be written), refuses
+  // an unusable file without touching it, migrates.
   void open();
 
   void require_writable(const std::string& what) const {
@@ -185,6 +229,10 @@ struct KernelCache::Impl {
   void touch(const std::string& hash);
   // Deletes the binary row that failed its checksum and adds a notice.
   void drop_bad_binary(const std::string& hash, const std::string& name, const std::vector<char>& cubin);
+  // Copies the rows of `src` (an export, or a damaged cache when tolerate_damage) that pass
+  // every check into this cache, in short transactions, leaving out rows it already has.
+  ImportReport copy_rows(cache_detail::Connection& src, const TuningRowCheck& check, const ImportLimits& limits,
+                         bool tolerate_damage);
 };
 
 }  // namespace moeblaze

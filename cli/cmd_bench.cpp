@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cache/kernel_cache.hpp"
+#include "checked.hpp"
 #include "cli/commands.hpp"
 #include "cuda_driver.hpp"
 #include "moe_layer.hpp"
@@ -52,6 +53,8 @@ Command bench_command() {
     o.steps = st->steps;
     o.force = parse_tiles(st->tiles, "--tile");
     if (o.steps < 10) throw InvalidArgument("--steps", "at least 10");
+    require_in_range(o.steps, 10, kMaxSamples, "--steps");
+    require_timing_routing(o.routing, "--routing");
     DeviceContext ctx(0);
     std::unique_ptr<KernelCache> cache;
     if (!st->no_cache) {

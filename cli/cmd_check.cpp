@@ -2,6 +2,7 @@
 // CPU reference, on a GPU. Non-zero exit on mismatch.
 #include <fmt/format.h>
 
+#include "checked.hpp"
 #include "cli/commands.hpp"
 #include "cuda_driver.hpp"
 #include "cache_keys.hpp"
@@ -85,7 +86,7 @@ Command check_command(const char* name, const char* help, bool backward) {
     o.routing = parse_routing(st->routing);
     if (o.routing != RoutingDistribution::random && o.layer.router != RouterKind::none)
       throw InvalidArgument("--routing", "draws the caller's routing: use it with --router none");
-    if (st->samples < 1) throw InvalidArgument("--samples", "must be at least 1");
+    require_in_range(st->samples, 1, kMaxSamples, "--samples");
     o.sample_tokens = st->samples;
     o.seed = st->seed;
     o.backward = backward;

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "cli/commands.hpp"
+#include "errors.hpp"
 #include "kernel_set.hpp"
 #include "nvrtc_compiler.hpp"
 #include "tuner/heuristics.hpp"
@@ -78,6 +79,11 @@ Command generate_command() {
   c.selected = [st] { return st->app->parsed(); };
   c.run = [st] {
     const LayerConfig layer = st->shape.layer();
+    // Passed to NVRTC as -arch=: only a plain target name (sm_<digits>, optionally "a").
+    const auto digits = st->arch.size() > 3 ? st->arch.substr(3, st->arch.size() - 3 - (st->arch.back() == 'a')) : "";
+    if (st->arch.rfind("sm_", 0) != 0 || digits.empty() || digits.size() > 3 ||
+        digits.find_first_not_of("0123456789") != std::string::npos)
+      throw InvalidArgument("--arch", fmt::format("'{}' is not a target like sm_90a", st->arch));
     auto specs = layer_kernel_specs(layer, st->arch);
     for (const auto& [f, tile] : parse_tiles(st->tiles, "--tile"))
       for (auto& s : specs)  // gate_grad sums down_dgrad's N tiles: it follows down_dgrad

@@ -1,11 +1,16 @@
 // `moeblaze tune` and `moeblaze regress`.
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "cache/kernel_cache.hpp"
+#include "checked.hpp"
 #include "cli/commands.hpp"
 #include "cuda_driver.hpp"
 #include "tuner/measure.hpp"
@@ -31,6 +36,13 @@ std::function<void(const std::string&, bool)> progress_printer(bool quiet) {
 }  // namespace
 
 std::string cache_path_option(const std::string& db) { return db.empty() ? KernelCache::default_path() : db; }
+
+void require_regular_file(const std::string& path, const char* option) {
+  // stat() first: opening a FIFO to read it would wait for a writer forever.
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) throw InvalidArgument(option, fmt::format("cannot read '{}': {}", path, std::strerror(errno)));
+  if (!S_ISREG(st.st_mode)) throw InvalidArgument(option, fmt::format("'{}' is not a regular file", path));
+}
 
 void print_notices(const KernelCache& cache) {
   for (const auto& n : cache.notices()) fmt::print(stderr, "note: {}\n", n);
@@ -70,10 +82,15 @@ Command tune_command() {
     if (st->tokens.empty()) o.tokens = {st->shape.token_count(0)};
     for (long long t : st->tokens) {
       if (t <= 0) throw InvalidArgument("--tokens", fmt::format("T = {} must be positive", t));
+      checked_token_slots(t, o.layer.shape.topk, "--tokens");
       o.tokens.push_back(t);
     }
+    require_finite(st->budget, 0, kMaxBudgetSeconds, "--budget");
     if (st->budget <= 0) throw InvalidArgument("--budget", "must be positive");
     if (st->samples < 10) throw InvalidArgument("--samples", "at least 10 (the median of fewer is noise)");
+    require_in_range(st->samples, 10, kMaxSamples, "--samples");
+    require_in_range(st->candidates, 1, kMaxCandidates, "--candidates");
+    require_timing_routing(st->routing, "--routing");
     o.routing = st->routing;
     o.budget_s = st->budget;
     o.samples = st->samples;
@@ -81,6 +98,7 @@ Command tune_command() {
     o.progress = progress_printer(st->quiet || st->json);
     KernelCache cache(cache_path_option(st->db));
     print_notices(cache);
+    if (!cache.writable()) throw CacheError(fmt::format("cache {} is read-only: tuning stores into it", cache.path()));
     const TuneReport r = tune_layer(o, cache);
     if (st->json) {
       nlohmann::json j{{"layer", r.layer},       {"device", r.device},       {"policy", r.policy},
@@ -153,9 +171,18 @@ Command regress_command() {
   };
   c.selected = [st] { return st->app->parsed(); };
   c.run = [st] {
+    require_regular_file(st->baseline, "--baseline");
     const Baseline base = read_baseline(st->baseline);
-    if (st->tolerance < 0) throw InvalidArgument("--tolerance", "must not be negative");
+    // A baseline is a file anyone can edit: its numbers pass the same checks as options (an
+    // infinite or negative time would make every comparison pass or fail).
+    checked_token_slots(base.tokens, base.layer.shape.topk, "--baseline");
+    for (const auto& k : base.kernels) {
+      require_finite(k.median_ms, 0, 1e9, "--baseline", k.family + " median_ms");
+      require_finite(k.spread_ms, 0, 1e9, "--baseline", k.family + " spread_ms");
+    }
+    require_finite(st->tolerance, 0, kMaxTolerancePercent, "--tolerance");
     if (st->samples < 10) throw InvalidArgument("--samples", "at least 10");
+    require_in_range(st->samples, 10, kMaxSamples, "--samples");
     const auto force = parse_tiles(st->force, "--force");
     std::string why;
     if (!gpu_available(&why)) {

@@ -41,6 +41,18 @@ struct ShapeOptions {
   long long token_count(long long fallback) const;
 };
 
+// Upper limits of the CLI's own counts (README "Limits").
+inline constexpr int kMaxSamples = 100000;    // timed samples or steps
+inline constexpr int kMaxCandidates = 1000;   // tile candidates per family
+
+// Throws InvalidArgument(option) unless `path` is a regular file that exists (checked without
+// opening it: a FIFO would block the read).
+void require_regular_file(const std::string& path, const char* option);
+
+// The timing routings of tune and bench: router | random | balanced | skewed; throws
+// InvalidArgument(option) before any compile or launch.
+void require_timing_routing(const std::string& routing, const char* option);
+
 // FAMILY=TILE pairs (repeatable --tile / --force options); throws InvalidArgument(option).
 std::map<KernelFamily, TileConfig> parse_tiles(const std::vector<std::string>& pairs, const char* option);
 

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.hpp"
+#include "checked.hpp"
 #include "errors.hpp"
 
 namespace moeblaze::cli {
@@ -9,17 +10,18 @@ void ShapeOptions::add(CLI::App* cmd, bool with_tokens) {
   cmd->add_option("--preset", preset, "model preset (see `moeblaze presets`)");
   cmd->add_option("--experts,-E", experts, "number of experts E (1..512)");
   cmd->add_option("--topk,-K", topk, "experts per token K (1..16, <= E)");
-  cmd->add_option("--hidden,-d", hidden, "model width d (multiple of 8)");
-  cmd->add_option("--ffn,-n", ffn, "expert FFN width n (multiple of 8)");
-  cmd->add_option("--activation", activation, "swiglu | geglu | silu | gelu | relu | clamped_swiglu (GPT-OSS)")->capture_default_str();
+  cmd->add_option("--hidden,-d", hidden, "model width d (multiple of 8, 8..65536)");
+  cmd->add_option("--ffn,-n", ffn, "expert FFN width n (multiple of 8, 8..65536)");
+  cmd->add_option("--activation", activation, "swiglu | geglu | silu | gelu | relu | clamped_swiglu (GPT-OSS)")
+      ->capture_default_str();
   cmd->add_option("--router", router, "none | softmax | sigmoid (default: the preset's, else none)");
   cmd->add_flag("--renormalize", renormalize, "renormalise gates over the K picks (explicit shapes)");
-  cmd->add_option("--route-scale", route_scale, "gate scale factor (explicit shapes)");
+  cmd->add_option("--route-scale", route_scale, "gate scale factor (explicit shapes; finite, > 0)");
   cmd->add_option("--weight-layout", weight_layout,
                   "separate (W1, W3 [E,n,d]) | fused (one gate_up [E,2n,d], the Hugging Face layout)")
       ->capture_default_str();
   cmd->add_flag("--expert-bias", expert_bias, "per-expert biases on both projections (GPT-OSS)");
-  if (with_tokens) cmd->add_option("--tokens,-T", tokens, "tokens per step T (default: the preset's)");
+  if (with_tokens) cmd->add_option("--tokens,-T", tokens, "tokens per step T (default: the preset's; T*K < 2^31)");
 }
 
 LayerConfig ShapeOptions::layer() const {
@@ -43,11 +45,17 @@ LayerConfig ShapeOptions::layer() const {
   if (!router.empty()) l.router = parse_router(router);
   try {
     l.weight_layout = parse_weight_layout(weight_layout);
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument("--weight-layout", e.what());
+    l.expert_bias = expert_bias;
+    l.validate();
+  } catch (const InvalidArgument& e) {  // named as the user wrote it
+    static const std::map<std::string, std::string> option = {{"experts", "--experts"}, {"topk", "--topk"},
+                                                              {"hidden", "--hidden"}, {"ffn", "--ffn"},
+                                                              {"route_scale", "--route-scale"},
+                                                              {"weight_layout", "--weight-layout"}};
+    const auto o = option.find(e.argument);
+    if (o == option.end() || (!preset.empty() && e.argument != "weight_layout")) throw;
+    throw InvalidArgument(o->second, e.reason);
   }
-  l.expert_bias = expert_bias;
-  l.validate();
   return l;
 }
 
@@ -56,7 +64,14 @@ long long ShapeOptions::token_count(long long fallback) const {
   if (t == 0 && !preset.empty()) t = find_preset(preset).tokens;
   if (t == 0) t = fallback;
   if (t <= 0) throw InvalidArgument("--tokens", fmt::format("T = {} must be positive", t));
+  checked_token_slots(t, layer().shape.topk, "--tokens");
   return t;
+}
+
+void require_timing_routing(const std::string& routing, const char* option) {
+  for (const char* r : {"router", "random", "balanced", "skewed"})
+    if (routing == r) return;
+  throw InvalidArgument(option, fmt::format("'{}' is not one of router, random, balanced, skewed", routing));
 }
 
 std::map<KernelFamily, TileConfig> parse_tiles(const std::vector<std::string>& pairs, const char* option) {

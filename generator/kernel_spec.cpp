@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <cstdio>
+#include <cstring>
 
 #include "errors.hpp"
 
@@ -162,29 +164,52 @@ bool supports_persistent(KernelFamily f) {
 }
 
 TileConfig TileConfig::parse(const std::string& s) {
-  TileConfig t;
-  char tail[32] = {0};
-  int used = 0;
-  const int n = std::sscanf(s.c_str(), "%dx%dx%d_w%dx%d_s%d%31s%n", &t.bm, &t.bn, &t.bk, &t.warps_m, &t.warps_n,
-                            &t.stages, tail, &used);
-  std::string kind = n == 7 ? tail : "";
-  auto strip = [&kind](const std::string& suffix) {
-    const bool has = kind.size() > suffix.size() && kind.compare(kind.size() - suffix.size(), suffix.size(), suffix) == 0;
-    if (has) kind.resize(kind.size() - suffix.size());
-    return has;
+  // Read strictly (no sign, no spaces, bounded digits, nothing after the last suffix), and each
+  // number within a range whose products (threads, shared memory, registers) fit an int: tiles
+  // come from cache files and command lines, not only from to_string().
+  auto malformed = [&s] {
+    return InvalidArgument("tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS[_wg|_ws|_wsp|_pp][_tma][_tstore][_swap][_c2] "
+                                               "(e.g. 128x128x64_w2x4_s4, 128x256x64_w8x1_s4_ws_tma)",
+                                               s));
   };
-  if (strip("_c2")) t.cluster_m = 2;
-  t.swap = strip("_swap");
-  t.tma_store = strip("_tstore");
-  t.tma = strip("_tma");
-  if (kind == "_wg") t.wgmma = 1;
-  else if (kind == "_ws") t.wgmma = 2;
-  else if (kind == "_wsp") t.wgmma = 3;
-  else if (kind == "_pp") t.wgmma = 4;
-  if ((n == 7 && (t.wgmma == 0 || used != static_cast<int>(s.size()))) || (n != 6 && n != 7))
-    throw InvalidArgument("tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS[_wg|_ws|_wsp|_pp][_tma][_tstore][_swap][_c2] (e.g. "
-                                              "128x128x64_w2x4_s4, 128x256x64_w8x1_s4_ws_tma)",
-                                              s));
+  size_t at = 0;
+  auto literal = [&](const char* text) {
+    const size_t n = std::strlen(text);
+    if (s.compare(at, n, text) != 0) return false;
+    at += n;
+    return true;
+  };
+  auto number = [&](int lo, int hi, const char* what) {
+    int v = 0, digits = 0;
+    while (at < s.size() && std::isdigit(static_cast<unsigned char>(s[at])) && digits < 5) v = v * 10 + (s[at++] - '0'), ++digits;
+    if (digits == 0 || (at < s.size() && std::isdigit(static_cast<unsigned char>(s[at])))) throw malformed();
+    if (v < lo || v > hi)
+      throw InvalidArgument("tile", fmt::format("'{}': {} = {} is outside [{}, {}]", s, what, v, lo, hi));
+    return v;
+  };
+  TileConfig t;
+  t.bm = number(1, 1024, "bm");
+  if (!literal("x")) throw malformed();
+  t.bn = number(1, 1024, "bn");
+  if (!literal("x")) throw malformed();
+  t.bk = number(1, 1024, "bk");
+  if (!literal("_w")) throw malformed();
+  t.warps_m = number(1, 64, "warps_m");
+  if (!literal("x")) throw malformed();
+  t.warps_n = number(1, 64, "warps_n");
+  if (!literal("_s")) throw malformed();
+  t.stages = number(1, 64, "stages");
+  if (literal("_wsp")) t.wgmma = 3;
+  else if (literal("_ws")) t.wgmma = 2;
+  else if (literal("_wg")) t.wgmma = 1;
+  else if (literal("_pp")) t.wgmma = 4;
+  if (t.wgmma) {
+    t.tma = literal("_tma");
+    t.tma_store = literal("_tstore");
+    t.swap = literal("_swap");
+    if (literal("_c2")) t.cluster_m = 2;
+  }
+  if (at != s.size()) throw malformed();
   return t;
 }
 

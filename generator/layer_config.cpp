@@ -2,22 +2,24 @@
 
 #include <fmt/format.h>
 
+#include "checked.hpp"
 #include "errors.hpp"
 
 namespace moeblaze {
 
 void LayerConfig::validate() const {
   const MoeShape& s = shape;
-  if (s.experts < 1 || s.experts > kMaxExperts)
-    throw InvalidArgument("experts", fmt::format("E = {} is outside [1, {}]", s.experts, kMaxExperts));
-  if (s.topk < 1 || s.topk > kMaxTopk)
-    throw InvalidArgument("topk", fmt::format("K = {} is outside [1, {}]", s.topk, kMaxTopk));
+  require_in_range(s.experts, 1, kMaxExperts, "experts", "E");
+  require_in_range(s.topk, 1, kMaxTopk, "topk", "K");
   if (s.topk > s.experts)
     throw InvalidArgument("topk", fmt::format("K = {} is larger than E = {}", s.topk, s.experts));
-  if (s.hidden <= 0 || s.hidden % 8 != 0)
+  require_in_range(s.hidden, 8, kMaxWidth, "hidden", "d");
+  if (s.hidden % 8 != 0)
     throw InvalidArgument("hidden", fmt::format("d = {} must be a positive multiple of 8", s.hidden));
-  if (s.ffn <= 0 || s.ffn % 8 != 0)
+  require_in_range(s.ffn, 8, kMaxWidth, "ffn", "n");
+  if (s.ffn % 8 != 0)
     throw InvalidArgument("ffn", fmt::format("n = {} must be a positive multiple of 8", s.ffn));
+  require_finite(route_scale, 0, kMaxRouteScale, "route_scale");
   if (!(route_scale > 0.f))
     throw InvalidArgument("route_scale", fmt::format("{} must be positive", route_scale));
   if (weight_layout != WeightLayout::separate && weight_layout != WeightLayout::fused_gate_up)

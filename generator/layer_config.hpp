@@ -31,7 +31,8 @@ struct LayerConfig {
   bool expert_bias = false;
 
   // Throws InvalidArgument naming the field: E in [1,512], K in [1, min(E,16)], d and n
-  // positive multiples of 8, a fused gate_up only with a gated activation.
+  // multiples of 8 in [8, kMaxWidth], route_scale finite and positive (runtime/checked.hpp), a
+  // fused gate_up only with a gated activation.
   void validate() const;
   std::string describe() const;  // "E=128 K=8 d=2048 n=768 swiglu router=softmax_topk(renorm)"
   int gate_parts() const { return is_gated(activation) ? 2 : 1; }

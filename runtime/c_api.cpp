@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -11,6 +12,7 @@
 
 #include "cache/kernel_cache.hpp"
 #include "cache_keys.hpp"
+#include "checked.hpp"
 #include "kernel_loader.hpp"
 #include "moe_layer.hpp"
 #include "tuner/heuristics.hpp"
@@ -20,6 +22,7 @@ struct mb_layer {
   std::unique_ptr<moeblaze::DeviceContext> context;
   std::unique_ptr<moeblaze::MoeLayer> layer;
   moeblaze::LoadReport report;
+  std::vector<std::string> notices;  // the cache's notices and the load's warnings
 };
 
 namespace {
@@ -220,6 +223,28 @@ void copy_out(const std::string& s, char* buf, size_t size) {
 
 int dgrad_bn_default(const LayerConfig& l) { return default_tile(KernelFamily::down_dgrad, l, "sm_90a").bn; }
 
+// Token counts given to the library: T >= 1 and T*K within the slot limit (runtime/checked.hpp).
+void check_tokens(int64_t tokens, const LayerConfig& l, const char* argument) {
+  checked_token_slots(tokens, l.shape.topk, argument);
+}
+
+// The cache a layer loads from. A training process must never stop, nor touch the file, over
+// a cache it cannot use: it runs without one and says why in the layer's notices.
+std::unique_ptr<KernelCache> open_layer_cache(const char* cache_path, std::vector<std::string>& notices) {
+  if (cache_path && !*cache_path) return nullptr;
+  std::string path;
+  try {
+    path = cache_path ? cache_path : KernelCache::default_path();
+    auto cache = std::make_unique<KernelCache>(path);
+    notices.insert(notices.end(), cache->notices().begin(), cache->notices().end());
+    return cache;
+  } catch (const CacheError& e) {
+    notices.push_back(fmt::format("running without the kernel cache (kernels are compiled, nothing is stored): {}",
+                                  e.what()));
+    return nullptr;
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -248,6 +273,7 @@ int mb_plan_memory(const mb_layer_config* config, int64_t tokens, int32_t mode, 
   return guarded([&] {
     need(out, "out");
     const LayerConfig l = to_layer(config);
+    check_tokens(tokens, l, "tokens");
     // The smallest dgrad tile any candidate uses (64) needs the most partials: safe for tuned layers.
     MemoryPlan p = plan_memory(l, tokens, to_mode(mode), 64);
     *out = to_plan(p);
@@ -274,21 +300,34 @@ int mb_layer_create(const mb_layer_config* config, int32_t device, const char* c
     need(out, "out");
     *out = nullptr;
     const LayerConfig l = to_layer(config);
+    if (tokens != 0) check_tokens(tokens, l, "tokens");
+    require_in_range(device, 0, 1023, "device");
     auto h = std::make_unique<mb_layer>();
     h->context = std::make_unique<DeviceContext>(device);
-    std::unique_ptr<KernelCache> cache;
-    if (!cache_path) cache = std::make_unique<KernelCache>(KernelCache::default_path());
-    else if (*cache_path) cache = std::make_unique<KernelCache>(cache_path);
+    std::unique_ptr<KernelCache> cache = open_layer_cache(cache_path, h->notices);
     LoadOptions lo;
     lo.tokens = tokens;
     lo.policy = measurement_policy("router");
     auto set = std::make_shared<KernelSet>(load_kernels(l, h->context->info(), cache.get(), lo, &h->report));
     h->layer = std::make_unique<MoeLayer>(std::move(set));
+    if (cache)  // notices added while loading (a binary that failed its checksum, ...)
+      for (const auto& n : cache->notices())
+        if (std::find(h->notices.begin(), h->notices.end(), n) == h->notices.end()) h->notices.push_back(n);
+    h->notices.insert(h->notices.end(), h->report.warnings.begin(), h->report.warnings.end());
     *out = h.release();
   });
 }
 
 void mb_layer_destroy(mb_layer* layer) { delete layer; }
+
+int mb_layer_notices(const mb_layer* layer, char* buf, size_t size) {
+  return guarded([&] {
+    need(layer, "layer");
+    std::string s;
+    for (const auto& n : layer->notices) s += n + "\n";
+    copy_out(s, buf, size);
+  });
+}
 
 int mb_layer_plan_memory(const mb_layer* layer, int64_t tokens, int32_t mode, mb_memory_plan* out) {
   return guarded([&] {
@@ -331,12 +370,16 @@ int mb_tune(const mb_layer_config* config, const int64_t* tokens, int32_t n_toke
     TuneOptions o;
     o.layer = to_layer(config);
     if (n_tokens <= 0 || !tokens) throw InvalidArgument("tokens", "give at least one token count");
+    require_in_range(n_tokens, 1, 64, "n_tokens");
     for (int i = 0; i < n_tokens; ++i) {
-      if (tokens[i] <= 0) throw InvalidArgument("tokens", fmt::format("T = {} must be positive", tokens[i]));
+      check_tokens(tokens[i], o.layer, "tokens");
       o.tokens.push_back(tokens[i]);
     }
+    // 0 keeps the default budget; anything else must be a finite, positive number of seconds.
+    require_finite(budget_s, 0, kMaxBudgetSeconds, "budget_s");
     if (budget_s > 0) o.budget_s = budget_s;
     KernelCache cache(cache_path && *cache_path ? cache_path : KernelCache::default_path());
+    if (!cache.writable()) throw CacheError(fmt::format("cache {} is read-only: tuning stores into it", cache.path()));
     const TuneReport r = tune_layer(o, cache);
     nlohmann::json j{{"layer", r.layer},        {"timed", r.timed},
                      {"why_not_timed", r.why_not_timed}, {"compiled", r.compiled},

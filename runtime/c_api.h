@@ -110,12 +110,17 @@ MB_API int mb_validate_forward(const mb_layer_config* config, const mb_forward_a
 MB_API int mb_validate_backward(const mb_layer_config* config, const mb_state* state, const mb_backward_args* args);
 
 /* The layer on a GPU: kernels loaded from the cache (tuned tiles, cached binaries; NVRTC
- * on a miss). cache_path: NULL = the default cache, "" = no cache (default tiles). tokens:
- * the token count to look tuned tiles up for (0: none). The primary context of `device`
- * is made current (the one the CUDA runtime and PyTorch use). */
+ * on a miss). cache_path: NULL = the default cache, "" = no cache (default tiles); a cache
+ * that cannot be used is never changed: the layer runs without it (mb_layer_notices says
+ * why). tokens: the token count to look tuned tiles up for (0: none). The primary context of
+ * `device` is made current (the one the CUDA runtime and PyTorch use). */
 MB_API int mb_layer_create(const mb_layer_config* config, int32_t device, const char* cache_path, int64_t tokens,
                     mb_layer** out);
 MB_API void mb_layer_destroy(mb_layer* layer);
+/* What the layer's creation noticed without failing, one line each ("" when nothing): a cache
+ * that could not be used (the layer then compiles its kernels and stores nothing), a read-only
+ * cache, a tuned winner that was not a tile (the default tile runs instead). */
+MB_API int mb_layer_notices(const mb_layer* layer, char* buf, size_t size);
 MB_API int mb_layer_plan_memory(const mb_layer* layer, int64_t tokens, int32_t mode, mb_memory_plan* out);
 MB_API int mb_layer_report(const mb_layer* layer, char* buf, size_t size);
 /* stream: a CUstream / cudaStream_t as an integer (0 = the legacy default stream). */
@@ -123,8 +128,9 @@ MB_API int mb_layer_forward(const mb_layer* layer, const mb_forward_args* args, 
 /* Consumes the state: in save-h mode the saved buffer's H becomes dH (one backward per forward). */
 MB_API int mb_layer_backward(const mb_layer* layer, const mb_state* state, const mb_backward_args* args, uint64_t stream);
 
-/* Tunes the layer for the token counts into the cache (compile-only without a GPU); the
- * report (JSON) is written to buf. */
+/* Tunes the layer for the token counts (1..64 of them, each T >= 1 with T*K < 2^31) into the
+ * cache (compile-only without a GPU); budget_s: seconds, finite, 0 = the default. The report
+ * (JSON) is written to buf. */
 MB_API int mb_tune(const mb_layer_config* config, const int64_t* tokens, int32_t n_tokens, const char* cache_path,
             double budget_s, char* buf, size_t size);
 

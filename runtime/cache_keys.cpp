@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "errors.hpp"
+
 namespace moeblaze {
 
 std::string binary_key(const GeneratedKernel& g, const CompileOptions& options) {
@@ -40,6 +42,22 @@ TuningKey tuning_key(KernelFamily family, const LayerConfig& layer, int64_t buck
   k.device = device;
   k.policy = policy;
   return k;
+}
+
+std::string tuning_row_problem(const std::string& family, const std::string& config) {
+  KernelFamily f;
+  try {
+    f = parse_family(family);
+  } catch (const InvalidArgument&) {
+    return "unknown kernel family";
+  }
+  if (!is_tiled(f)) return "not a tuned kernel family";
+  try {
+    TileConfig::parse(config);
+  } catch (const InvalidArgument&) {
+    return "unparsable tile";
+  }
+  return "";
 }
 
 CachedBinary to_cached(const BuiltKernel& k, const std::string& key) {

@@ -27,6 +27,11 @@ std::string measurement_policy(const std::string& routing);
 TuningKey tuning_key(KernelFamily family, const LayerConfig& layer, int64_t bucket, const std::string& device,
                      const std::string& policy);
 
+// The generator's checks of a tuning row read from a file (KernelCache::import_from,
+// KernelCache::salvage): "" when `family` is a tuned kernel family and `config` a tile name
+// that parses, else a short reason without the row's text.
+std::string tuning_row_problem(const std::string& family, const std::string& config);
+
 // Cache rows <-> pipeline values.
 CachedBinary to_cached(const BuiltKernel& k, const std::string& key);
 BuiltKernel from_cached(const GeneratedKernel& g, const CachedBinary& c);

@@ -31,10 +31,12 @@ std::string to_string(TileSource s) {
 std::string LoadReport::summary() const {
   int tuned = 0;
   for (const auto& k : kernels) tuned += k.tile_source != TileSource::default_tile;
-  return fmt::format("{} kernels ({} tuned, {} default): {} binaries from the cache, {} compiled; {:.1f} ms "
-                     "(compile {:.1f} ms, module load {:.1f} ms)",
-                     kernels.size(), tuned, kernels.size() - tuned, cache_hits, compiled, total_ms, compile_ms,
-                     module_load_ms);
+  std::string s = fmt::format("{} kernels ({} tuned, {} default): {} binaries from the cache, {} compiled; {:.1f} ms "
+                              "(compile {:.1f} ms, module load {:.1f} ms)",
+                              kernels.size(), tuned, kernels.size() - tuned, cache_hits, compiled, total_ms,
+                              compile_ms, module_load_ms);
+  for (const auto& w : warnings) s += "; warning: " + w;
+  return s;
 }
 
 std::optional<std::pair<Winner, TileSource>> pick_winner(const std::vector<Winner>& winners, const TuningKey& exact) {
@@ -65,8 +67,24 @@ std::optional<std::pair<Winner, TileSource>> pick_winner(const std::vector<Winne
   return std::nullopt;
 }
 
+namespace {
+
+void warn_once(LoadReport* report, const std::string& w) {
+  if (!report) return;
+  for (const auto& seen : report->warnings)
+    if (seen == w) return;
+  report->warnings.push_back(w);
+}
+
+}  // namespace
+
 std::vector<BuiltKernel> build_with_cache(const std::vector<KernelSpec>& specs, KernelCache* cache,
                                           LoadReport* report) {
+  // A cache that fails (damaged page, full disk) costs compile time, never the run.
+  auto drop_cache = [&](const CacheError& e) {
+    warn_once(report, fmt::format("compiling without the cache from here on: {}", e.what()));
+    cache = nullptr;
+  };
   std::vector<BuiltKernel> out(specs.size());
   std::vector<KernelSpec> missing;
   std::vector<size_t> missing_at;
@@ -75,7 +93,11 @@ std::vector<BuiltKernel> build_with_cache(const std::vector<KernelSpec>& specs, 
     const GeneratedKernel g = generate(specs[i]);
     keys[i] = binary_key(g, CompileOptions{specs[i].arch, {}});
     std::optional<CachedBinary> hit;
-    if (cache) hit = cache->find_binary(key_hash(keys[i]), keys[i]);
+    try {
+      if (cache) hit = cache->find_binary(key_hash(keys[i]), keys[i]);
+    } catch (const CacheError& e) {
+      drop_cache(e);
+    }
     if (hit) {
       out[i] = from_cached(g, *hit);
       if (report) ++report->cache_hits;
@@ -92,20 +114,19 @@ std::vector<BuiltKernel> build_with_cache(const std::vector<KernelSpec>& specs, 
       report->compiled += static_cast<int>(built.size());
     }
     for (size_t j = 0; j < built.size(); ++j) {
-      if (cache) cache->put_binary(to_cached(built[j], keys[missing_at[j]]));  // short write, after compiling
+      try {
+        if (cache && cache->writable()) cache->put_binary(to_cached(built[j], keys[missing_at[j]]));  // short write, after compiling
+      } catch (const CacheError& e) {
+        drop_cache(e);
+      }
       out[missing_at[j]] = std::move(built[j]);
     }
   }
   return out;
 }
 
-KernelSet load_kernels(const LayerConfig& layer, const DeviceInfo& device, KernelCache* cache,
-                       const LoadOptions& o, LoadReport* report) {
-  const auto t0 = std::chrono::steady_clock::now();
-  LoadReport local;
-  LoadReport& r = report ? *report : local;
-  const std::string arch = device.arch();
-  const std::string fingerprint = device_fingerprint(device);
+std::vector<KernelSpec> choose_tiles(const LayerConfig& layer, const std::string& arch, const std::string& fingerprint,
+                                     KernelCache* cache, const LoadOptions& o, LoadReport& r) {
   const int64_t bucket = token_bucket(o.tokens > 0 ? o.tokens : 1);
   std::vector<KernelSpec> specs = layer_kernel_specs(layer, arch, o.tokens);
   std::map<std::string, std::vector<Winner>> winners;  // per family, read once
@@ -117,11 +138,23 @@ KernelSet load_kernels(const LayerConfig& layer, const DeviceInfo& device, Kerne
     } else if (cache && is_tiled(s.family)) {
       const TuningKey key = tuning_key(s.family, layer, bucket, fingerprint, o.policy);
       auto& list = winners[key.family];
-      if (list.empty()) list = cache->winners_for(key.family, key.template_hash, key.shape, key.device);
+      try {
+        if (list.empty()) list = cache->winners_for(key.family, key.template_hash, key.shape, key.device);
+      } catch (const CacheError& e) {
+        warn_once(&r, fmt::format("tuned tiles not read, defaults used: {}", e.what()));
+      }
       if (auto w = pick_winner(list, key)) {
-        const TileConfig t = TileConfig::parse(w->first.config);
-        if (legality_problem(KernelSpec{s.family, layer, t, arch}).empty()) {
-          s.tile = t;
+        // A winner row can come from an imported or damaged file: one that does not name a
+        // tile leaves the default in place, with a warning, and never stops the load.
+        std::optional<TileConfig> t;
+        try {
+          t = TileConfig::parse(w->first.config);
+        } catch (const InvalidArgument&) {  // its text is not repeated: it may hold anything
+          warn_once(&r, fmt::format("the cache's winner for {} ({}, T~{}) does not name a tile; using the default tile {}",
+                                    key.family, layer.describe(), w->first.key.token_bucket, s.tile.to_string()));
+        }
+        if (t && legality_problem(KernelSpec{s.family, layer, *t, arch}).empty()) {
+          s.tile = *t;
           c.tile_source = w->second;
           c.winner_bucket = w->first.key.token_bucket;
         }
@@ -135,6 +168,15 @@ KernelSet load_kernels(const LayerConfig& layer, const DeviceInfo& device, Kerne
     if (s.family == KernelFamily::gate_grad)
       for (const auto& o2 : specs)
         if (o2.family == KernelFamily::down_dgrad) s.tile = o2.tile;
+  return specs;
+}
+
+KernelSet load_kernels(const LayerConfig& layer, const DeviceInfo& device, KernelCache* cache,
+                       const LoadOptions& o, LoadReport* report) {
+  const auto t0 = std::chrono::steady_clock::now();
+  LoadReport local;
+  LoadReport& r = report ? *report : local;
+  std::vector<KernelSpec> specs = choose_tiles(layer, device.arch(), device_fingerprint(device), cache, o, r);
   std::vector<BuiltKernel> built = build_with_cache(specs, cache, &r);
   for (size_t i = 0; i < built.size(); ++i) r.kernels[i].binary_from_cache = built[i].from_cache;
   KernelSet set = KernelSet::from_kernels(layer, std::move(built));

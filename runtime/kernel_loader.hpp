@@ -28,6 +28,10 @@ struct LoadReport {
   std::vector<KernelChoice> kernels;
   double total_ms = 0, compile_ms = 0, module_load_ms = 0;
   int cache_hits = 0, compiled = 0;
+  // What went wrong with the cache without stopping the load (a winner whose tile does not
+  // parse: the default tile instead; a cache that failed to read or write: compiled without
+  // it), one line each, each said once.
+  std::vector<std::string> warnings;
   std::string summary() const;  // one line
 };
 
@@ -35,8 +39,9 @@ struct LoadReport {
 // device (any bucket or policy); nullopt: none applies, use the default.
 std::optional<std::pair<Winner, TileSource>> pick_winner(const std::vector<Winner>& winners, const TuningKey& exact);
 
-// Cubins for `specs`: from the cache when present, else compiled in parallel and stored.
-// Compile failures are rethrown (defaults never fail); no GPU is needed.
+// Cubins for `specs`: from the cache when present, else compiled in parallel and stored (not
+// when the cache is read-only). Compile failures are rethrown (defaults never fail); a cache
+// that fails to read or write is left out with a warning in the report; no GPU is needed.
 std::vector<BuiltKernel> build_with_cache(const std::vector<KernelSpec>& specs, KernelCache* cache,
                                           LoadReport* report = nullptr);
 
@@ -45,6 +50,12 @@ struct LoadOptions {
   std::string policy;                          // tuning policy of the exact key
   std::map<KernelFamily, TileConfig> force;    // override the lookup (tests, regress --force)
 };
+
+// The specs load_kernels builds: each family's tile looked up in the cache (forced tiles
+// first), the default where no usable winner exists; one KernelChoice per spec is appended to
+// r.kernels. No GPU: `fingerprint` is device_fingerprint() of the device the tiles are for.
+std::vector<KernelSpec> choose_tiles(const LayerConfig& layer, const std::string& arch, const std::string& fingerprint,
+                                     KernelCache* cache, const LoadOptions& options, LoadReport& r);
 
 // A loaded kernel set for `layer` on the current device. cache may be null (defaults, compiled).
 KernelSet load_kernels(const LayerConfig& layer, const DeviceInfo& device, KernelCache* cache,

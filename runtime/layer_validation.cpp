@@ -3,6 +3,7 @@
 // the argument. They read no device memory, so they run (and are tested) without a GPU.
 #include <fmt/format.h>
 
+#include "checked.hpp"
 #include "layer_buffers.hpp"
 #include "moe_layer.hpp"
 
@@ -63,8 +64,10 @@ int64_t tokens_of(const TensorRef& x, const char* name) {
 std::vector<int64_t> w1_shape(const LayerConfig& l) { return {l.shape.experts, l.w1_rows(), l.shape.hidden}; }
 
 void validate_forward_args(const LayerConfig& l, int dgrad_bn, const ForwardArgs& a) {
+  l.validate();
   const int E = l.shape.experts, K = l.shape.topk, d = l.shape.hidden, n = l.shape.ffn;
   const int64_t T = tokens_of(a.x, "x");
+  checked_token_slots(T, K, "x");  // before any size is computed from T
   expect_tensor(a.x, "x", DType::bf16, {T, d});
   if (l.router == RouterKind::none) {
     expect_tensor(a.topk_ids, "topk_ids", DType::i32, {T, K});
@@ -94,6 +97,7 @@ void validate_forward_args(const LayerConfig& l, int dgrad_bn, const ForwardArgs
 }
 
 void validate_backward_args(const LayerConfig& l, int dgrad_bn, const ForwardState& s, const BackwardArgs& a) {
+  l.validate();
   if (!s.complete || !s.saved) throw InvalidArgument("state", "no forward has filled this state");
   {
     const auto& o = s.layer.shape;
@@ -106,6 +110,7 @@ void validate_backward_args(const LayerConfig& l, int dgrad_bn, const ForwardSta
   }
   const int E = l.shape.experts, K = l.shape.topk, d = l.shape.hidden, n = l.shape.ffn;
   const int64_t T = s.tokens;
+  checked_token_slots(T, K, "state");  // a state is a plain value a caller could have filled in
   expect_tensor(a.dy, "dy", DType::bf16, {T, d});
   expect_tensor(a.x, "x", DType::bf16, {T, d});
   expect_tensor(a.w1, "w1", DType::bf16, w1_shape(l));

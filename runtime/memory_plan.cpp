@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "checked.hpp"
 #include "layer_buffers.hpp"
 #include "moe_layer.hpp"
 
@@ -28,9 +29,10 @@ int forward_chunks(const LayerConfig& l) {
 }
 
 MemoryPlan plan_memory(const LayerConfig& l, int64_t tokens, CheckpointMode mode, int dgrad_bn) {
-  if (tokens <= 0) throw InvalidArgument("tokens", fmt::format("T = {} must be at least 1", tokens));
-  if (tokens * l.shape.topk >= (int64_t{1} << 31))
-    throw InvalidArgument("tokens", fmt::format("T*K = {} must stay below 2^31", tokens * l.shape.topk));
+  // T*K within int32 slot indices, computed without overflow; with d, n <= kMaxWidth and
+  // E <= 512 every byte count below then fits in 64 bits.
+  l.validate();
+  checked_token_slots(tokens, l.shape.topk, "tokens");
   MemoryPlan p;
   const SavedLayout s(l, tokens, mode);
   p.saved_bytes = s.total;

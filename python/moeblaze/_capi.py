@@ -87,24 +87,35 @@ class State(ctypes.Structure):
 
 
 def _candidates():
-    env = os.environ.get("MOEBLAZE_LIBRARY")
-    if env:
-        yield Path(env)
     here = Path(__file__).resolve().parent
     yield here / "libmoeblaze_c.so"
     yield here.parent.parent / "build" / "lib" / "libmoeblaze_c.so"
 
 
-def _load():
+def _open_library():
+    """The shared library: the one $MOEBLAZE_LIBRARY names (and no other: a wrong setting must
+    not quietly load a different build), else the package's, else a source checkout's."""
+    env = os.environ.get("MOEBLAZE_LIBRARY")
+    if env:
+        path = Path(env)
+        if not path.is_file():
+            raise ImportError(f"moeblaze: MOEBLAZE_LIBRARY={env}: no such file (unset it to use the package's "
+                              "libmoeblaze_c.so)")
+        try:
+            return ctypes.CDLL(str(path)), path
+        except OSError as e:
+            raise ImportError(f"moeblaze: MOEBLAZE_LIBRARY={env}: cannot load it: {e}") from None
     tried = []
     for path in _candidates():
         tried.append(str(path))
         if path.is_file():
-            lib = ctypes.CDLL(str(path))
-            break
-    else:
-        raise ImportError("moeblaze: libmoeblaze_c.so not found (looked at: " + ", ".join(tried) +
-                          "); install the package with pip or set MOEBLAZE_LIBRARY")
+            return ctypes.CDLL(str(path)), path
+    raise ImportError("moeblaze: libmoeblaze_c.so not found (looked at: " + ", ".join(tried) +
+                      "); install the package with pip or set MOEBLAZE_LIBRARY")
+
+
+def _load():
+    lib, path = _open_library()
     c = ctypes
     P = c.POINTER
     sig = {
@@ -118,6 +129,7 @@ def _load():
         "mb_validate_backward": ([P(LayerConfig), P(State), P(BackwardArgs)], c.c_int),
         "mb_layer_create": ([P(LayerConfig), c.c_int32, c.c_char_p, c.c_int64, P(c.c_void_p)], c.c_int),
         "mb_layer_destroy": ([c.c_void_p], None),
+        "mb_layer_notices": ([c.c_void_p, c.c_char_p, c.c_size_t], c.c_int),
         "mb_layer_plan_memory": ([c.c_void_p, c.c_int64, c.c_int32, P(MemoryPlan)], c.c_int),
         "mb_layer_report": ([c.c_void_p, c.c_char_p, c.c_size_t], c.c_int),
         "mb_layer_forward": ([c.c_void_p, P(ForwardArgs), c.c_uint64, P(State)], c.c_int),
@@ -152,15 +164,18 @@ def check(code: int) -> None:
 def make_config(experts: int, topk: int, hidden: int, ffn: int, activation: str = "swiglu",
                 router: str | None = "softmax", renormalize: bool = False, route_scale: float = 1.0,
                 weight_layout: str = "separate", expert_bias: bool = False) -> LayerConfig:
+    from ._validate import INT32_MAX, check_int, check_real
+    experts, topk = check_int("experts", experts, 1, INT32_MAX), check_int("topk", topk, 1, INT32_MAX)
+    hidden, ffn = check_int("hidden", hidden, 1, INT32_MAX), check_int("ffn", ffn, 1, INT32_MAX)
+    route_scale = check_real("route_scale", route_scale, 0.0, 1e6, positive=True)
     if activation not in ACTIVATIONS:
         raise InvalidArgument("activation", f"activation: '{activation}' is not one of {sorted(ACTIVATIONS)}")
     if router not in ROUTERS:
         raise InvalidArgument("router", f"router: '{router}' is not one of softmax, sigmoid, None")
     if weight_layout not in WEIGHT_LAYOUTS:
         raise InvalidArgument("weight_layout", f"weight_layout: '{weight_layout}' is not one of separate, fused")
-    cfg = LayerConfig(int(experts), int(topk), int(hidden), int(ffn), ACTIVATIONS[activation], ROUTERS[router],
-                      int(bool(renormalize)), float(route_scale), WEIGHT_LAYOUTS[weight_layout],
-                      int(bool(expert_bias)))
+    cfg = LayerConfig(experts, topk, hidden, ffn, ACTIVATIONS[activation], ROUTERS[router], int(bool(renormalize)),
+                      route_scale, WEIGHT_LAYOUTS[weight_layout], int(bool(expert_bias)))
     check(lib.mb_config_validate(ctypes.byref(cfg)))
     return cfg
 
@@ -172,8 +187,10 @@ def describe(cfg: LayerConfig) -> str:
 
 
 def plan_memory(cfg: LayerConfig, tokens: int, mode: str = "save-h") -> MemoryPlan:
+    from ._validate import INT64_MAX, check_int
     if mode not in MODES:
         raise InvalidArgument("checkpoint", f"checkpoint: '{mode}' is not one of save-h, recompute")
+    tokens = check_int("tokens", tokens, 1, INT64_MAX)
     out = MemoryPlan()
     check(lib.mb_plan_memory(ctypes.byref(cfg), int(tokens), MODES[mode], ctypes.byref(out)))
     return out

@@ -1,13 +1,55 @@
-"""Argument checks that happen in Python, before the C ABI sees anything: device,
-contiguity, dtype, shape, alignment. They work on a small description of a tensor
-(TensorInfo), so they are tested without torch or a GPU; moeblaze.torch builds the
-descriptions from torch tensors."""
+"""Argument checks that happen in Python, before the C ABI sees anything: numbers (type, C
+range, finiteness), device, contiguity, dtype, shape, alignment. They work on plain values
+and on a small description of a tensor (TensorInfo), so they are tested without torch or a
+GPU; moeblaze.torch builds the descriptions from torch tensors. The C ABI checks everything
+again on its own (runtime/checked.hpp): these checks exist so that ctypes never truncates a
+value (2**32 + 8 would reach C as 8) and so that errors name the Python argument."""
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ._capi import InvalidArgument
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
+def check_int(name: str, value, lo: int, hi: int) -> int:
+    """`value` as an int when it is an integer (not a bool, not a float) in [lo, hi]."""
+    if isinstance(value, bool):
+        raise InvalidArgument(name, f"{name}: must be an integer, got a bool")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise InvalidArgument(name, f"{name}: must be an integer, got {type(value).__name__}") from None
+    if not lo <= v <= hi:
+        raise InvalidArgument(name, f"{name}: {v} is outside [{lo}, {hi}]")
+    return v
+
+
+def check_real(name: str, value, lo: float, hi: float, positive: bool = False) -> float:
+    """`value` as a float when it is a finite real number in [lo, hi] (and > 0 if positive)."""
+    if isinstance(value, bool):
+        raise InvalidArgument(name, f"{name}: must be a number, got a bool")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise InvalidArgument(name, f"{name}: must be a number, got {type(value).__name__}") from None
+    if not math.isfinite(v):
+        raise InvalidArgument(name, f"{name}: {v} is not a finite number")
+    if not lo <= v <= hi or (positive and v <= 0):
+        raise InvalidArgument(name, f"{name}: {v} is outside {'(' if positive else '['}{lo}, {hi}]")
+    return v
+
+
+def check_device(name: str, device_type: str) -> None:
+    """Raises InvalidArgument naming `name` unless the tensor is on a CUDA device (before any
+    dispatch: torch would answer a CPU tensor with NotImplementedError)."""
+    if device_type != "cuda":
+        raise InvalidArgument(name, f"{name}: is on {device_type}, expected a CUDA tensor (moeblaze runs on NVIDIA GPUs)")
 
 
 @dataclass(frozen=True)

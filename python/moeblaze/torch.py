@@ -13,13 +13,14 @@
 from __future__ import annotations
 
 import ctypes
+import warnings
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from . import _capi as C
-from ._validate import TensorInfo, check_moe_args
+from ._validate import INT32_MAX, INT64_MAX, TensorInfo, check_device, check_int, check_moe_args, check_real
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32", torch.int32: "i32"}
 _STATE_BYTES = ctypes.sizeof(C.State)
@@ -54,6 +55,22 @@ def _bucket(tokens: int) -> int:
     return b
 
 
+_notices_shown: set = set()
+
+
+def _show_notices(h) -> None:
+    """Says once per process what a layer's creation noticed (an unusable or read-only cache, a
+    tuned winner that was not a tile): the layer runs, but the user should know why it may be
+    slower or compile every time."""
+    buf = ctypes.create_string_buffer(1 << 14)
+    if C.lib.mb_layer_notices(h, buf, len(buf)) != C.OK:
+        return
+    for line in buf.value.decode(errors="replace").splitlines():
+        if line and line not in _notices_shown:
+            _notices_shown.add(line)
+            warnings.warn(f"moeblaze: {line}", RuntimeWarning, stacklevel=3)
+
+
 def _layer(cfg: C.LayerConfig, device: int, tokens: int):
     key = (tuple(getattr(cfg, f) for f, _ in C.LayerConfig._fields_), device, _bucket(tokens))
     h = _layers.get(key)
@@ -61,7 +78,18 @@ def _layer(cfg: C.LayerConfig, device: int, tokens: int):
         h = ctypes.c_void_p()
         C.check(C.lib.mb_layer_create(ctypes.byref(cfg), device, None, tokens, ctypes.byref(h)))
         _layers[key] = h
+        _show_notices(h)
     return h
+
+
+def _release_layers() -> None:
+    """Destroys every loaded layer (their kernels are reloaded on next use). Work already queued
+    on the GPU may still run their kernels, so the device is synchronised first."""
+    if _layers and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    while _layers:
+        _, h = _layers.popitem()
+        C.lib.mb_layer_destroy(h)
 
 
 def layer_report(cfg: Sequence[int], route_scale: float, device: int, tokens: int) -> str:
@@ -299,15 +327,26 @@ class MoEOutput(NamedTuple):
 
 
 def _cfg_list(experts, topk, hidden, ffn, activation, router, renormalize, weight_layout="separate",
-              expert_bias=False) -> List[int]:
+              expert_bias=False, names=("experts", "topk", "hidden", "ffn")) -> List[int]:
+    """The config as the custom ops take it; each count checked to fit a C int (ctypes would
+    otherwise cut 2**32 + 8 to 8) under the caller's name for it."""
     if activation not in C.ACTIVATIONS:
         raise C.InvalidArgument("activation", f"activation: '{activation}' is not one of {sorted(C.ACTIVATIONS)}")
     if router not in C.ROUTERS:
         raise C.InvalidArgument("router", f"router: '{router}' is not one of softmax, sigmoid, None")
     if weight_layout not in C.WEIGHT_LAYOUTS:
         raise C.InvalidArgument("weight_layout", f"weight_layout: '{weight_layout}' is not one of separate, fused")
-    return [int(experts), int(topk), int(hidden), int(ffn), C.ACTIVATIONS[activation], C.ROUTERS[router],
-            int(bool(renormalize)), C.WEIGHT_LAYOUTS[weight_layout], int(bool(expert_bias))]
+    counts = [check_int(name, v, 1, INT32_MAX) for name, v in zip(names, (experts, topk, hidden, ffn))]
+    return counts + [C.ACTIVATIONS[activation], C.ROUTERS[router], int(bool(renormalize)),
+                     C.WEIGHT_LAYOUTS[weight_layout], int(bool(expert_bias))]
+
+
+def _check_devices(**tensors) -> None:
+    """Every given tensor on a CUDA device, checked before dispatch (the ops are registered for
+    CUDA only, and torch would answer with NotImplementedError)."""
+    for name, t in tensors.items():
+        if t is not None:
+            check_device(name, t.device.type)
 
 
 def moe(x: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor, *, topk_ids: Optional[Tensor] = None,
@@ -324,6 +363,9 @@ def moe(x: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor, *, topk_ids: Op
     A and B), bias_down [E, d] (added to each expert's output before the gate)."""
     if checkpoint not in C.MODES:
         raise C.InvalidArgument("checkpoint", f"checkpoint: '{checkpoint}' is not one of save-h, recompute")
+    _check_devices(x=x, w1=w1, w3=w3, w2=w2, topk_ids=topk_ids, topk_weights=topk_weights, w_router=w_router,
+                   router_bias=router_bias, bias_up=bias_up, bias_down=bias_down)
+    route_scale = check_real("route_scale", route_scale, 0.0, 1e6, positive=True)
     if w1.dim() != 3:
         raise C.InvalidArgument("w1", f"w1: must be [E, n, d], got shape {list(w1.shape)}")
     if w2.dim() != 3:
@@ -341,7 +383,7 @@ def moe(x: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor, *, topk_ids: Op
             raise C.InvalidArgument("topk_ids", f"topk_ids: must be [T, K], got shape {list(topk_ids.shape)}")
         K = topk_ids.shape[1]
     elif top_k is not None:
-        K = top_k
+        K = check_int("top_k", top_k, 1, INT32_MAX)
     else:
         raise C.InvalidArgument("topk_ids", "topk_ids: pass the caller's picks, or top_k with the built-in router")
     if (bias_up is None) != (bias_down is None):
@@ -368,8 +410,14 @@ class MoE(torch.nn.Module):
             raise C.InvalidArgument("dtype", "dtype: moeblaze runs bf16 weights")
         if checkpoint not in C.MODES:
             raise C.InvalidArgument("checkpoint", f"checkpoint: '{checkpoint}' is not one of save-h, recompute")
-        self.cfg = _cfg_list(num_experts, top_k, hidden, ffn, activation, router, renormalize)
-        C.make_config(num_experts, top_k, hidden, ffn, activation, router, renormalize, route_scale)  # validates
+        self.cfg = _cfg_list(num_experts, top_k, hidden, ffn, activation, router, renormalize,
+                             names=("num_experts", "top_k", "hidden", "ffn"))
+        route_scale = check_real("route_scale", route_scale, 0.0, 1e6, positive=True)
+        try:  # the library's own checks (ranges, K <= E, multiples of 8), named as this signature names them
+            C.make_config(num_experts, top_k, hidden, ffn, activation, router, renormalize, route_scale)
+        except C.InvalidArgument as e:
+            name = {"experts": "num_experts", "topk": "top_k"}.get(e.argument, e.argument)
+            raise C.InvalidArgument(name, str(e).replace(f"{e.argument}:", f"{name}:", 1)) from None
         self.route_scale, self.checkpoint, self.activation, self.router = float(route_scale), checkpoint, activation, router
         kw = dict(device=device, dtype=dtype)
         self.w1 = torch.nn.Parameter(torch.empty(num_experts, ffn, hidden, **kw))
@@ -394,6 +442,9 @@ class MoE(torch.nn.Module):
 
     def forward(self, hidden_states: Tensor, topk_ids: Optional[Tensor] = None,
                 topk_weights: Optional[Tensor] = None) -> MoEOutput:
+        # "x" is what the op and every message call the input.
+        _check_devices(x=hidden_states, w1=self.w1, w3=self.w3, w2=self.w2, topk_ids=topk_ids,
+                       topk_weights=topk_weights, w_router=self.gate.weight if self.gate is not None else None)
         lead = hidden_states.shape[:-1]
         x = hidden_states.reshape(-1, hidden_states.shape[-1])
         self.tokens_seen.add(int(x.shape[0]))
@@ -440,6 +491,9 @@ def tune(model: torch.nn.Module, tokens: Optional[Sequence[int]] = None, cache_p
     """Tunes every distinct MoE shape in `model` into the cache that the CLI and training
     processes share. tokens: token counts per step (default: the counts the layers have seen)."""
     import json
+    budget_s = check_real("budget_s", budget_s, 0.0, 30 * 24 * 3600.0, positive=True)
+    if tokens is not None:
+        tokens = [check_int("tokens", t, 1, INT64_MAX) for t in tokens]
     seen = {}
     for m in model.modules():
         if isinstance(m, MoE):
@@ -448,14 +502,18 @@ def tune(model: torch.nn.Module, tokens: Optional[Sequence[int]] = None, cache_p
     if not seen:
         raise C.InvalidArgument("model", "model: has no moeblaze.torch.MoE layer")
     reports = []
-    for (cfg, scale), toks in seen.items():
-        if not toks:
-            raise C.InvalidArgument("tokens", "tokens: run the model once or pass tokens=[...]")
-        arr = (ctypes.c_int64 * len(toks))(*sorted(toks))
-        buf = ctypes.create_string_buffer(1 << 16)
-        c = _config(cfg, scale)
-        C.check(C.lib.mb_tune(ctypes.byref(c), arr, len(toks), cache_path.encode() if cache_path else None,
-                              float(budget_s), buf, len(buf)))
-        reports.append(json.loads(buf.value.decode()))
-    _layers.clear()  # reload tuned kernels on next use
+    try:
+        for (cfg, scale), toks in seen.items():
+            if not toks:
+                raise C.InvalidArgument("tokens", "tokens: run the model once or pass tokens=[...]")
+            arr = (ctypes.c_int64 * len(toks))(*sorted(toks))
+            buf = ctypes.create_string_buffer(1 << 16)
+            c = _config(cfg, scale)
+            C.check(C.lib.mb_tune(ctypes.byref(c), arr, len(toks), cache_path.encode() if cache_path else None,
+                                  budget_s, buf, len(buf)))
+            reports.append(json.loads(buf.value.decode()))
+    finally:
+        # The loaded layers hold the kernels from before tuning: destroyed (not only forgotten,
+        # which leaked their modules), so the next use loads the tuned ones.
+        _release_layers()
     return reports

@@ -159,8 +159,9 @@ def test_checkpoint_mode_is_checked():
     mhf.set_checkpoint("save-h")
 
 
-def test_functional_fused_gate_up_shape_checks():
+def test_functional_fused_gate_up_shape_checks(monkeypatch):
     import moeblaze.torch as mbt
+    monkeypatch.setattr(mbt, "_check_devices", lambda **tensors: None)  # CPU tensors here: the shape check is the subject
     E, n, d = 4, 16, 32
     gate_up = torch.zeros(E, 2 * n, d, dtype=torch.bfloat16)
     with pytest.raises(moeblaze.InvalidArgument) as e:  # w1 [E, n, d] with w3=None: not a gate_up
@@ -177,7 +178,9 @@ def test_moe_block_compiles_in_one_graph_with_its_backward(family, monkeypatch):
     implementations give the shapes; the compiled graph is recorded, not executed)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import default_partition
+    import moeblaze.torch as mbt
     monkeypatch.setattr(mhf, "_check_inputs", lambda *args: None)
+    monkeypatch.setattr(mbt, "_check_devices", lambda **tensors: None)
     joint = []
 
     class Traced(Exception):

@@ -34,7 +34,7 @@ for c in list show export import verify gc; do
   check "cache $c --help" 0 "Usage|Options" "$BIN" cache "$c" --help
 done
 check "version" 0 "moeblaze [0-9]" "$BIN" --version
-check "no subcommand" 106 "subcommand" "$BIN"
+check "no subcommand" 2 "error: A subcommand is required" "$BIN"
 
 # ---- presets, generate, plan --------------------------------------------------------------
 check "presets" 0 "qwen3-30b-a3b .*\[suite\]" "$BIN" presets
@@ -113,12 +113,117 @@ check "cache after failed import" 0 "integrity ok" "$BIN" cache verify --db "$TM
 check "cache gc" 0 "gc deleted [0-9]+ binaries" "$BIN" cache gc --max-mb 0 --db "$TMP/fresh.db"
 check "cache gc negative" 2 "--max-mb" "$BIN" cache gc --max-mb -1 --db "$TMP/fresh.db"
 head -c 4096 /dev/urandom > "$TMP/corrupt.db"
-check "corrupt cache, read-only command" 1 "not a database.*open it writable" "$BIN" cache show --db "$TMP/corrupt.db"
-check "corrupt cache moved aside" 0 "moved to .*corrupt" "$BIN" cache verify --db "$TMP/corrupt.db"
-check "corrupt file kept aside" 0 "corrupt-" ls "$TMP"
+cp "$TMP/corrupt.db" "$TMP/corrupt.orig"
+check "not a database, read-only command" 1 "not an SQLite database; it is left as it is" "$BIN" cache show --db "$TMP/corrupt.db"
+check "not a database, writing command" 1 "not an SQLite database" "$BIN" cache verify --fix --db "$TMP/corrupt.db"
+check "not a database: never changed" 0 "" cmp "$TMP/corrupt.db" "$TMP/corrupt.orig"
+check "nothing moved aside" 1 "" bash -c "ls '$TMP' | grep -E 'corrupt\.db\.(corrupt|damaged|salvage)'"
 check "db is a directory" 1 "$TMP" "$BIN" cache show --db "$TMP"
 check "db under a file" 1 "$TMP/bad.json" "$BIN" tune $SMALL -T 64 --db "$TMP/bad.json/k.db"
 check "read-only open of a missing db" 1 "missing.db" "$BIN" cache list --db "$TMP/missing.db"
+
+# ---- issue 17: every reproduction gives a clear error or the right result, rows intact -------
+rows() { python3 -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('select count(*) from binaries').fetchone()[0])" "$1"; }
+cp "$TMP/t.db" "$TMP/base.db"  # the binaries `tune` compiled above
+n0=$(rows "$TMP/base.db")
+check "test cache has binaries" 0 "^[1-9]" echo "$n0"
+# 1. gc caps that overflow, are not numbers or are negative delete nothing.
+for cap in 1e13 inf nan 1e30 -inf -1 abc; do
+  check "gc --max-mb $cap refused" 2 "--max-mb" "$BIN" cache gc --max-mb "$cap" --db "$TMP/base.db"
+  check "gc --max-mb $cap: rows intact" 0 "^$n0\$" rows "$TMP/base.db"
+done
+check "gc --max-mb '' (an unset variable) refused" 2 "--max-mb: an empty value is not allowed" "$BIN" cache gc --max-mb "" --db "$TMP/base.db"
+check "gc --max-mb= refused" 2 "--max-mb: an empty value" "$BIN" cache gc --max-mb= --db "$TMP/base.db"
+check "gc empty cap: rows intact" 0 "^$n0\$" rows "$TMP/base.db"
+check "gc cap above the size deletes nothing" 0 "gc deleted 0 binaries" "$BIN" cache gc --max-mb 1048576 --db "$TMP/base.db"
+check "gc help says what it deletes" 0 "Tuning results are never deleted" "$BIN" cache gc --help
+# 2. A damaged page: reported (exit 1), left in place, salvaged only by verify --fix.
+cp "$TMP/base.db" "$TMP/damaged.db"
+python3 "$(dirname "$0")/craft_cache_files.py" damage "$TMP/damaged.db"
+cp "$TMP/damaged.db" "$TMP/damaged.orig"
+check "damaged: verify reports it" 1 "integrity FAILED" "$BIN" cache verify --db "$TMP/damaged.db"
+check "damaged: list refuses" 1 "damaged.*verify --fix" "$BIN" cache list --db "$TMP/damaged.db"
+check "damaged: tune refuses" 1 "damaged" "$BIN" tune $SMALL -T 100 --candidates 1 --db "$TMP/damaged.db"
+check "damaged: file unchanged" 0 "" cmp "$TMP/damaged.db" "$TMP/damaged.orig"
+check "damaged: plain SQLite reads rows" 0 "^[1-9]" python3 "$(dirname "$0")/craft_cache_files.py" readable "$TMP/damaged.db"
+check "damaged: verify --fix salvages" 0 "saved [1-9][0-9]* rows.*kept as .*damaged\.db\.damaged-" bash -c "'$BIN' cache verify --fix --db '$TMP/damaged.db' | tr '\n' ' '"
+check "damaged: original kept beside it" 0 "" bash -c "cmp \$(ls '$TMP'/damaged.db.damaged-* | grep -Ev -- '-(wal|shm)\$') '$TMP/damaged.orig'"
+check "damaged: salvaged cache verifies" 0 "integrity ok" "$BIN" cache verify --db "$TMP/damaged.db"
+# 3. A recursive view in an export is refused at once.
+"$BIN" cache export "$TMP/view.db" --db "$TMP/base.db" >/dev/null
+python3 "$(dirname "$0")/craft_cache_files.py" recursive-view "$TMP/view.db"
+cp "$TMP/base.db" "$TMP/importer.db"
+check "import recursive view refused" 1 "binaries is a view.*nothing was imported" timeout 30 "$BIN" cache import "$TMP/view.db" --db "$TMP/importer.db"
+check "import recursive view: no WAL growth" 0 "^small$" bash -c "[ \$(stat -c %s '$TMP/importer.db-wal' 2>/dev/null || echo 0) -lt 10000000 ] && echo small"
+# 4. Bad rows are left out with a count and a reason; 5. re-importing adds nothing.
+"$BIN" cache export "$TMP/rows.db" --db "$TMP/base.db" >/dev/null
+python3 "$(dirname "$0")/craft_cache_files.py" bad-rows "$TMP/rows.db"
+check "import bad rows: reasons" 0 "binaries.checksum: does not match the cubin" "$BIN" cache import "$TMP/rows.db" --db "$TMP/fresh_rows.db"
+check "import bad rows: control characters" 0 "kernel_name: control" "$BIN" cache import "$TMP/rows.db" --db "$TMP/fresh_rows2.db"
+check "re-import adds nothing" 0 "imported 0 rows.*already present" "$BIN" cache import "$TMP/rows.db" --db "$TMP/fresh_rows.db"
+"$BIN" cache export "$TMP/again.db" --db "$TMP/base.db" >/dev/null
+check "re-import of the cache's own rows adds nothing" 0 "imported 0 rows .*\(0 binaries, 0 measurements, 0 winners\); [1-9][0-9]* already present" "$BIN" cache import "$TMP/again.db" --db "$TMP/base.db"
+check "re-import: rows intact" 0 "^$n0\$" rows "$TMP/base.db"
+check "import help states the trust model" 0 "running its GPU code" "$BIN" cache import --help
+# 6. Newer schema refused naming both versions; read-only caches read; a FIFO refused at once.
+cp "$TMP/base.db" "$TMP/newer.db"
+python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute('pragma user_version=99'); c.commit()" "$TMP/newer.db"
+cp "$TMP/newer.db" "$TMP/newer.orig"
+check "newer schema refused" 1 "schema version 99 is newer than this build's 1" "$BIN" cache list --db "$TMP/newer.db"
+check "newer schema refused by tune" 1 "schema version 99" "$BIN" tune $SMALL -T 100 --candidates 1 --db "$TMP/newer.db"
+check "newer schema unchanged" 0 "" cmp "$TMP/newer.db" "$TMP/newer.orig"
+mkfifo "$TMP/fifo.db"
+check "FIFO --db refused at once" 1 "FIFO, not a regular file" timeout 10 "$BIN" cache list --db "$TMP/fifo.db"
+check "FIFO --baseline refused at once" 2 "--baseline: .*not a regular file" timeout 10 "$BIN" regress --baseline "$TMP/fifo.db"
+check "FIFO import refused at once" 1 "a FIFO" timeout 10 "$BIN" cache import "$TMP/fifo.db" --db "$TMP/base.db"
+# Root reads and writes whatever the mode bits say: as root, these run as nobody (a copy of
+# the binary in a folder nobody can reach).
+OTHER_BIN=$BIN AS_OTHER=""
+if command -v setpriv >/dev/null && [ "$(id -u)" = 0 ]; then
+  AS_OTHER="setpriv --reuid=65534 --regid=65534 --clear-groups"
+  OTHER_BIN=$TMP/moeblaze-copy
+  cp "$BIN" "$OTHER_BIN" && chmod 0755 "$OTHER_BIN"
+fi
+mkdir -p "$TMP/ro"
+cp "$TMP/base.db" "$TMP/ro/k.db"
+chmod 0444 "$TMP/ro/k.db"; chmod 0555 "$TMP/ro"; chmod o+x "$TMP"
+check "read-only folder: list" 0 "winners in" $AS_OTHER "$OTHER_BIN" cache list --db "$TMP/ro/k.db"
+check "read-only folder: verify" 0 "integrity ok, $n0 binaries" $AS_OTHER "$OTHER_BIN" cache verify --db "$TMP/ro/k.db"
+check "read-only folder: gc says read-only" 1 "read-only" $AS_OTHER "$OTHER_BIN" cache gc --max-mb 0 --db "$TMP/ro/k.db"
+check "read-only folder: tune says read-only" 1 "read-only" $AS_OTHER "$OTHER_BIN" tune $SMALL -T 100 --candidates 1 --db "$TMP/ro/k.db"
+check "read-only folder: rows intact" 0 "^$n0\$" rows "$TMP/ro/k.db"
+chmod 0755 "$TMP/ro"
+# 7. Parse errors exit 2 naming the option; 8. overflows and non-finite values are refused.
+check "unparsable -E" 2 "--experts = abc" "$BIN" plan -E abc -K 2 -d 256 -n 256
+check "T*K overflow" 2 "--tokens: T\*K" "$BIN" plan -T 1152921504606846976 -K 16 -E 16 -d 256 -n 256
+check "T*K at 2^31" 2 "--tokens" "$BIN" plan -T 134217728 -K 16 -E 16 -d 256 -n 256
+check "T*K just below 2^31" 0 "T=134217727" "$BIN" plan -T 134217727 -K 16 -E 16 -d 256 -n 256
+check "--tolerance nan" 2 "--tolerance: nan is not a finite number" "$BIN" regress --baseline "$(dirname "$0")/../../bench/baselines/qwen3-30b-a3b.json" --tolerance nan
+check "--budget nan" 2 "--budget: nan is not a finite number" "$BIN" tune $SMALL -T 64 --budget nan --db "$TMP/x.db"
+check "--route-scale inf" 2 "--route-scale: inf is not a finite number" "$BIN" plan $SMALL -T 64 --route-scale inf
+check "-d 2147483640" 2 "--hidden: d = 2147483640 is outside \[8, 65536\]" "$BIN" plan -E 8 -K 2 -d 2147483640 -n 64 -T 8
+check "-E 2^32+8" 2 "--experts" "$BIN" plan -E 4294967304 -K 2 -d 64 -n 64 -T 8
+check "tile with 2^31 warps" 2 "--tile: .*tile" "$BIN" generate --check-only $SMALL --tile up_proj=64x64x64_w2147483648x1_s3
+check "tile with 64+ warps" 2 "warps_m = 99999 is outside" "$BIN" generate --check-only $SMALL --tile up_proj=64x64x64_w99999x1_s3
+check "--candidates -3" 2 "--candidates: -3 is outside \[1, 1000\]" "$BIN" tune $SMALL -T 64 --candidates -3 --db "$TMP/x.db"
+check "--samples huge" 2 "--samples" "$BIN" grad-check $SMALL -T 8 --samples 99999999
+check "--steps negative" 2 "--steps" "$BIN" bench $SMALL -T 8 --steps -5
+check "--arch not a target" 2 "--arch: 'sm_90a --foo' is not a target" "$BIN" generate --check-only $SMALL --arch "sm_90a --foo"
+check "tune --routing checked before compiling" 2 "--routing: 'bogus' is not one of" "$BIN" tune $SMALL -T 64 --routing bogus --db "$TMP/x.db"
+check "bench --routing" 2 "--routing: 'bogus'" "$BIN" bench $SMALL -T 64 --routing bogus
+python3 - "$(dirname "$0")/../../bench/baselines/qwen3-30b-a3b.json" "$TMP/neg.json" "$TMP/bigT.json" <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1]))
+neg = json.loads(json.dumps(b)); neg["kernels"][0]["median_ms"] = -1.0
+json.dump(neg, open(sys.argv[2], "w"))
+big = json.loads(json.dumps(b)); big["tokens"] = 2**60
+json.dump(big, open(sys.argv[3], "w"))
+PY
+check "regress baseline with a negative time" 2 "--baseline: .*median_ms = -1 is outside" "$BIN" regress --baseline "$TMP/neg.json"
+check "regress baseline with T*K overflowing" 2 "--baseline: T\*K" "$BIN" regress --baseline "$TMP/bigT.json"
+
+# ---- the argument space, fuzzed (seeded; the seed is printed) --------------------------------
+check "CLI argument fuzz" 0 "fuzz: [0-9]+ runs, all exit codes documented" python3 "$(dirname "$0")/fuzz_cli_args.py" "$BIN" "$TMP/fuzz" "$TMP/base.db"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
