@@ -61,9 +61,9 @@ def moe(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor, w3: Optio
     T, d = x.shape
     E = w1.shape[0]
     n = w2.shape[2]
-    gated = act in GATED
-    if gated and w3 is None:  # fused gate_up
+    if w3 is None and act in GATED:  # fused gate_up
         w1, w3 = w1[:, :n], w1[:, n:]
+    gated = w3 is not None  # act(A) * up(B) with any activation, as given
     xf = x.float()
     y = torch.zeros(T, d, dtype=torch.float32, device=x.device)
     for e in range(E):

@@ -39,7 +39,8 @@ def _ref(t: Optional[Tensor]) -> C.Tensor:
 
 
 def _config(cfg: Sequence[int], route_scale: float) -> C.LayerConfig:
-    # cfg: experts, topk, hidden, ffn, activation, router, renormalize[, weight_layout, expert_bias]
+    # cfg: experts, topk, hidden, ffn, activation, router, renormalize[, weight_layout, expert_bias[,
+    # default_tiles]]
     extra = [int(v) for v in cfg[7:9]] + [0] * (9 - max(len(cfg), 7))
     return C.LayerConfig(*[int(v) for v in cfg[:7]], float(route_scale), *extra)
 
@@ -71,15 +72,24 @@ def _show_notices(h) -> None:
             warnings.warn(f"moeblaze: {line}", RuntimeWarning, stacklevel=3)
 
 
-def _layer(cfg: C.LayerConfig, device: int, tokens: int):
-    key = (tuple(getattr(cfg, f) for f, _ in C.LayerConfig._fields_), device, _bucket(tokens))
+def _layer(cfg: C.LayerConfig, device: int, tokens: int, default_tiles: bool = False):
+    key = (tuple(getattr(cfg, f) for f, _ in C.LayerConfig._fields_), device, _bucket(tokens), default_tiles)
     h = _layers.get(key)
     if h is None:
         h = ctypes.c_void_p()
-        C.check(C.lib.mb_layer_create(ctypes.byref(cfg), device, None, tokens, ctypes.byref(h)))
+        # default_tiles: no cache at all ("" = the default tiles, compiled here), so that the
+        # tiles cannot depend on what was tuned (expert parallelism's bitwise reproducibility).
+        cache = b"" if default_tiles else None
+        C.check(C.lib.mb_layer_create(ctypes.byref(cfg), device, cache, tokens, ctypes.byref(h)))
         _layers[key] = h
         _show_notices(h)
     return h
+
+
+def _default_tiles(cfg: Sequence[int]) -> bool:
+    """cfg's optional 10th entry (after weight_layout and expert_bias): 1 runs the default
+    tiles (see _layer)."""
+    return len(cfg) > 9 and bool(cfg[9])
 
 
 def _release_layers() -> None:
@@ -115,7 +125,7 @@ def _forward(x: Tensor, topk_ids: Optional[Tensor], topk_weights: Optional[Tenso
     T = check_moe_args(c, _info(x), _info(topk_ids), _info(topk_weights), _info(w_router), _info(router_bias),
                        _info(w1), _info(w3), _info(w2), _info(bias_up), _info(bias_down))
     dev = x.device.index if x.device.index is not None else 0
-    h = _layer(c, dev, T)
+    h = _layer(c, dev, T, _default_tiles(cfg))
     plan = C.MemoryPlan()
     C.check(C.lib.mb_layer_plan_memory(h, T, mode, ctypes.byref(plan)))
     saved = torch.empty(plan.saved_bytes, dtype=torch.uint8, device=x.device)
@@ -163,7 +173,7 @@ def _launch_backward(dy, x, topk_weights, w_router, router_bias, w1, w3, w2, bia
     if tuple(dy.shape) != (T, c.hidden):
         raise C.InvalidArgument("dy", f"dy: has shape {list(dy.shape)}, expected {[T, c.hidden]}")
     dev = x.device.index if x.device.index is not None else 0
-    h = _layer(c, dev, T)
+    h = _layer(c, dev, T, _default_tiles(cfg))
     plan = C.MemoryPlan()
     C.check(C.lib.mb_layer_plan_memory(h, T, st.mode, ctypes.byref(plan)))
     scratch = torch.empty(plan.backward_scratch_bytes, dtype=torch.uint8, device=x.device)
