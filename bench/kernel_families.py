@@ -21,7 +21,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 # Rows of the comparison, in the order a step runs them.
 FAMILIES = ("router", "index_build", "up_proj", "down_proj", "combine", "recompute", "down_dgrad", "gate_grad",
-            "down_wgrad", "up_dgrad", "up_wgrad", "dx_combine", "router_backward", "other")
+            "down_wgrad", "up_dgrad", "up_wgrad", "bias_grad", "dx_combine", "router_backward", "other")
 GEMMS = ("up_proj", "down_proj", "down_dgrad", "down_wgrad", "up_dgrad", "up_wgrad")
 DESCRIPTIONS = {
     "router": "router logits GEMM + top-k / gates",
@@ -35,6 +35,7 @@ DESCRIPTIONS = {
     "down_wgrad": "dW2",
     "up_dgrad": "per-slot dx = dH [W1;W3]",
     "up_wgrad": "dW1, dW3",
+    "bias_grad": "expert biases' gradients (layers with expert biases: GPT-OSS)",
     "dx_combine": "sum of a token's K dx rows",
     "router_backward": "router backward (d logits, dx += d logits W_r, dW_r)",
     "other": "anything else (memsets, autograd's dx accumulation, casts)",
@@ -46,7 +47,7 @@ _MOEBLAZE_FAMILY = {
     "index_count": "index_build", "index_scan": "index_build", "index_scatter": "index_build",
     "down_dgrad": "down_dgrad", "gate_grad": "gate_grad", "down_wgrad": "down_wgrad", "up_wgrad": "up_wgrad",
     "up_dgrad": "up_dgrad", "router_backward": "router_backward", "router_dgrad": "router_backward",
-    "router_wgrad": "router_backward",
+    "router_wgrad": "router_backward", "bias_grad": "bias_grad", "gate_bias_grad": "gate_grad",
 }
 
 

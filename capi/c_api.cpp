@@ -71,7 +71,7 @@ LayerConfig to_layer(const mb_layer_config* c) {
   need(c, "config");
   LayerConfig l;
   l.shape = {c->experts, c->topk, c->hidden, c->ffn};
-  if (c->activation < MB_SWIGLU || c->activation > MB_RELU)
+  if (c->activation < MB_SWIGLU || c->activation > MB_CLAMPED_SWIGLU)
     throw InvalidArgument("activation", fmt::format("{} is not an mb_activation", c->activation));
   if (c->router < MB_ROUTER_NONE || c->router > MB_ROUTER_SIGMOID)
     throw InvalidArgument("router", fmt::format("{} is not an mb_router", c->router));
@@ -79,6 +79,10 @@ LayerConfig to_layer(const mb_layer_config* c) {
   l.router = static_cast<RouterKind>(c->router);
   l.renormalize = c->renormalize != 0;
   l.route_scale = c->route_scale;
+  if (c->weight_layout < MB_WEIGHTS_SEPARATE || c->weight_layout > MB_WEIGHTS_FUSED_GATE_UP)
+    throw InvalidArgument("weight_layout", fmt::format("{} is not an mb_weight_layout", c->weight_layout));
+  l.weight_layout = static_cast<WeightLayout>(c->weight_layout);
+  l.expert_bias = c->expert_bias != 0;
   l.validate();
   return l;
 }
@@ -91,7 +95,9 @@ mb_layer_config from_layer(const LayerConfig& l) {
                          static_cast<int32_t>(l.activation),
                          static_cast<int32_t>(l.router),
                          l.renormalize ? 1 : 0,
-                         l.route_scale};
+                         l.route_scale,
+                         static_cast<int32_t>(l.weight_layout),
+                         l.expert_bias ? 1 : 0};
 }
 
 CheckpointMode to_mode(int32_t m) {
@@ -130,6 +136,8 @@ ForwardArgs to_forward(const mb_forward_args* a) {
   f.saved_bytes = a->saved_bytes;
   f.scratch = a->scratch;
   f.scratch_bytes = a->scratch_bytes;
+  f.bias_up = to_tensor(a->bias_up, "bias_up");
+  f.bias_down = to_tensor(a->bias_down, "bias_down");
   return f;
 }
 
@@ -152,6 +160,11 @@ BackwardArgs to_backward(const mb_backward_args* a) {
   b.dw_router = to_tensor(a->dw_router, "dw_router");
   b.scratch = a->scratch;
   b.scratch_bytes = a->scratch_bytes;
+  b.accumulate = a->accumulate != 0;
+  b.bias_up = to_tensor(a->bias_up, "bias_up");
+  b.bias_down = to_tensor(a->bias_down, "bias_down");
+  b.d_bias_up = to_tensor(a->d_bias_up, "d_bias_up");
+  b.d_bias_down = to_tensor(a->d_bias_down, "d_bias_down");
   return b;
 }
 

@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#define MB_ABI_VERSION 1
+#define MB_ABI_VERSION 2
 
 #if defined(__GNUC__)
 #define MB_API __attribute__((visibility("default")))
@@ -33,9 +33,13 @@ enum mb_status {
 };
 
 enum mb_dtype { MB_BF16 = 0, MB_F32 = 1, MB_I32 = 2 };
-enum mb_activation { MB_SWIGLU = 0, MB_GEGLU = 1, MB_SILU = 2, MB_GELU = 3, MB_RELU = 4 };
+/* MB_CLAMPED_SWIGLU: GPT-OSS's, h = min(a,7) sigmoid(1.702 min(a,7)) (clamp(b,-7,7) + 1). */
+enum mb_activation { MB_SWIGLU = 0, MB_GEGLU = 1, MB_SILU = 2, MB_GELU = 3, MB_RELU = 4, MB_CLAMPED_SWIGLU = 5 };
 enum mb_router { MB_ROUTER_NONE = 0, MB_ROUTER_SOFTMAX = 1, MB_ROUTER_SIGMOID = 2 };
 enum mb_mode { MB_SAVE_H = 0, MB_RECOMPUTE = 1 };
+/* W1/W3 as two [E,n,d] tensors, or one fused gate_up [E,2n,d] passed as w1 (w3 absent; the
+ * Hugging Face layout: each expert's W1 rows, then its W3 rows); dw1 likewise. */
+enum mb_weight_layout { MB_WEIGHTS_SEPARATE = 0, MB_WEIGHTS_FUSED_GATE_UP = 1 };
 
 typedef struct {
   uint64_t ptr;      /* device address, 0 = absent */
@@ -50,6 +54,8 @@ typedef struct {
   int32_t router;     /* mb_router */
   int32_t renormalize;
   float route_scale;
+  int32_t weight_layout; /* mb_weight_layout */
+  int32_t expert_bias;   /* 1: per-expert biases bias_up [E, G*n] and bias_down [E, d] (GPT-OSS) */
 } mb_layer_config;
 
 typedef struct {
@@ -61,12 +67,19 @@ typedef struct {
   int32_t mode;      /* mb_mode */
   int32_t check_routing;
   uint64_t saved, saved_bytes, scratch, scratch_bytes;
+  mb_tensor bias_up, bias_down; /* layers with expert biases; bf16 */
 } mb_forward_args;
 
 typedef struct {
   mb_tensor dy, x, topk_weights, w_router, router_bias, w1, w3, w2;
   mb_tensor dx, dw1, dw3, dw2, d_topk_weights, dw_router;
   uint64_t scratch, scratch_bytes;
+  /* 1: bf16 dw1/dw3/dw2 are added to (gradient accumulation in the GEMM epilogues); 0: they are
+   * overwritten. f32 weight gradients are always added to. */
+  int32_t accumulate;
+  /* layers with expert biases: the biases (bias_up for recompute mode) and their gradients (the
+   * dtype of dw1, stored or added like it) */
+  mb_tensor bias_up, bias_down, d_bias_up, d_bias_down;
 } mb_backward_args;
 
 /* What forward leaves for backward: a plain value the caller keeps (e.g. in an autograd

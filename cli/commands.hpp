@@ -30,6 +30,8 @@ struct ShapeOptions {
   int experts = 0, topk = 0, hidden = 0, ffn = 0;
   std::string activation = "swiglu";
   std::string router;  // empty: the preset's router, or none
+  std::string weight_layout = "separate";
+  bool expert_bias = false;
   bool renormalize = false;
   float route_scale = 1.f;
   long long tokens = 0;  // 0: the preset's T

@@ -12,10 +12,15 @@ void ShapeOptions::add(CLI::App* cmd, bool with_tokens) {
   cmd->add_option("--topk,-K", topk, "experts per token K (1..16, <= E)");
   cmd->add_option("--hidden,-d", hidden, "model width d (multiple of 8, 8..65536)");
   cmd->add_option("--ffn,-n", ffn, "expert FFN width n (multiple of 8, 8..65536)");
-  cmd->add_option("--activation", activation, "swiglu | geglu | silu | gelu | relu")->capture_default_str();
+  cmd->add_option("--activation", activation, "swiglu | geglu | silu | gelu | relu | clamped_swiglu (GPT-OSS)")
+      ->capture_default_str();
   cmd->add_option("--router", router, "none | softmax | sigmoid (default: the preset's, else none)");
   cmd->add_flag("--renormalize", renormalize, "renormalise gates over the K picks (explicit shapes)");
   cmd->add_option("--route-scale", route_scale, "gate scale factor (explicit shapes; finite, > 0)");
+  cmd->add_option("--weight-layout", weight_layout,
+                  "separate (W1, W3 [E,n,d]) | fused (one gate_up [E,2n,d], the Hugging Face layout)")
+      ->capture_default_str();
+  cmd->add_flag("--expert-bias", expert_bias, "per-expert biases on both projections (GPT-OSS)");
   if (with_tokens) cmd->add_option("--tokens,-T", tokens, "tokens per step T (default: the preset's; T*K < 2^31)");
 }
 
@@ -39,13 +44,16 @@ LayerConfig ShapeOptions::layer() const {
   l.activation = parse_activation(activation);
   if (!router.empty()) l.router = parse_router(router);
   try {
+    l.weight_layout = parse_weight_layout(weight_layout);
+    l.expert_bias = expert_bias;
     l.validate();
   } catch (const InvalidArgument& e) {  // named as the user wrote it
     static const std::map<std::string, std::string> option = {{"experts", "--experts"}, {"topk", "--topk"},
                                                               {"hidden", "--hidden"}, {"ffn", "--ffn"},
-                                                              {"route_scale", "--route-scale"}};
+                                                              {"route_scale", "--route-scale"},
+                                                              {"weight_layout", "--weight-layout"}};
     const auto o = option.find(e.argument);
-    if (o == option.end() || !preset.empty()) throw;
+    if (o == option.end() || (!preset.empty() && e.argument != "weight_layout")) throw;
     throw InvalidArgument(o->second, e.reason);
   }
   return l;

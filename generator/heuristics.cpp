@@ -98,8 +98,11 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std
         // IEEE divides gone and its row loop rolled: olmoe-1b-7b 3.32 -> 2.84, qwen3-30b-a3b
         // 2.46 -> 2.08, qwen3-next-80b 2.20 -> 2.01. Shorter reductions are unmeasured and
         // keep the two-blocks-per-SM tile, whose epilogue overlaps the other block's mainloop.
+        // The clamped SwiGLU (GPT-OSS) keeps more values live per element: its epilogue spills
+        // 8 bytes on the persistent tile (ptxas, CUDA 13.0), so it stays on the 128x128 one.
         TileConfig wide = tma(wgmma_tile(128, 256, 4, true, true));
-        if (wide.tma && layer.shape.hidden >= kLongDgradReduction) return wide;
+        if (wide.tma && layer.shape.hidden >= kLongDgradReduction && layer.activation != Activation::clamped_swiglu)
+          return wide;
         return wgmma_tile(128, 128, 3);
       }
       case KernelFamily::router_logits:
@@ -130,10 +133,7 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std
 std::vector<KernelSpec> layer_kernel_specs(const LayerConfig& layer, const std::string& arch, int64_t tokens) {
   std::vector<KernelSpec> specs;
   for (KernelFamily f : all_families()) {
-    const bool router_family = f == KernelFamily::router_logits || f == KernelFamily::router_topk ||
-                               f == KernelFamily::router_backward || f == KernelFamily::router_dgrad ||
-                               f == KernelFamily::router_wgrad;
-    if (router_family && layer.router == RouterKind::none) continue;
+    if (!family_runs(f, layer)) continue;
     specs.push_back(KernelSpec{f, layer, default_tile(f, layer, arch, tokens), arch});
   }
   return specs;

@@ -36,6 +36,9 @@ const FamilyInfo kFamilies[] = {
     {KernelFamily::router_backward, "router_backward", "moeblaze/router.cuh", "moeblaze::router::backward", "RouterBackwardArgs"},
     {KernelFamily::router_dgrad, "router_dgrad", "moeblaze/router.cuh", "moeblaze::router::dgrad_gemm", "RouterGemmArgs"},
     {KernelFamily::router_wgrad, "router_wgrad", "moeblaze/router.cuh", "moeblaze::router::wgrad_gemm", "RouterGemmArgs"},
+    {KernelFamily::bias_grad, "bias_grad", "moeblaze/bias_grads.cuh", "moeblaze::bias_grad", "BiasGradArgs"},
+    {KernelFamily::gate_bias_grad, "gate_bias_grad", "moeblaze/bias_grads.cuh", "moeblaze::gate_bias_grad",
+     "GateBiasGradArgs"},
 };
 
 const FamilyInfo& info(KernelFamily f) {
@@ -55,6 +58,8 @@ std::string shape_arguments(const KernelSpec& s) {
   const MoeShape& m = s.layer.shape;
   const int E = m.experts, K = m.topk, D = m.hidden, N = m.ffn;
   const std::string act = activation_literal(s.layer.activation);
+  if (s.family == KernelFamily::up_proj)
+    return fmt::format("{}, {}, {}, {}, {}, {}", E, D, N, act, s.layer.w1_rows(), s.layer.expert_bias ? "true" : "false");
   switch (s.family) {
     case KernelFamily::router_logits:
     case KernelFamily::router_dgrad:
@@ -67,9 +72,11 @@ std::string shape_arguments(const KernelSpec& s) {
     case KernelFamily::index_scatter: return fmt::format("{}, {}", E, K);
     case KernelFamily::up_proj:
     case KernelFamily::up_dgrad:
-    case KernelFamily::up_wgrad: return fmt::format("{}, {}, {}, {}", E, D, N, act);
-    case KernelFamily::down_proj:
+    case KernelFamily::up_wgrad: return fmt::format("{}, {}, {}, {}, {}", E, D, N, act, s.layer.w1_rows());
+    case KernelFamily::down_proj: return fmt::format("{}, {}, {}, {}", E, D, N, s.layer.expert_bias ? "true" : "false");
     case KernelFamily::down_wgrad: return fmt::format("{}, {}, {}", E, D, N);
+    case KernelFamily::bias_grad: return fmt::format("{}, {}, {}, {}, {}", E, K, D, N, s.layer.gate_parts());
+    case KernelFamily::gate_bias_grad: return fmt::format("{}, {}, {}", E, K, D);
     case KernelFamily::down_dgrad: return fmt::format("{}, {}, {}, {}, {}", E, K, D, N, act);
     case KernelFamily::combine: return fmt::format("{}, {}", D, K);
     case KernelFamily::gate_grad: return fmt::format("{}", (N + s.tile.bn - 1) / s.tile.bn);
@@ -96,6 +103,19 @@ const std::vector<KernelFamily>& all_families() {
     return v;
   }();
   return all;
+}
+
+bool family_runs(KernelFamily f, const LayerConfig& layer) {
+  switch (f) {
+    case KernelFamily::router_logits:
+    case KernelFamily::router_topk:
+    case KernelFamily::router_backward:
+    case KernelFamily::router_dgrad:
+    case KernelFamily::router_wgrad: return layer.router != RouterKind::none;
+    case KernelFamily::bias_grad:
+    case KernelFamily::gate_bias_grad: return layer.expert_bias;
+    default: return true;
+  }
 }
 
 bool is_tiled(KernelFamily f) {
@@ -221,7 +241,16 @@ std::string KernelSpec::name() const {
     case KernelFamily::up_proj:
     case KernelFamily::down_dgrad:
     case KernelFamily::up_wgrad:
-    case KernelFamily::up_dgrad: n += "_" + moeblaze::to_string(layer.activation); break;
+    case KernelFamily::up_dgrad:
+      n += "_" + moeblaze::to_string(layer.activation);
+      // The up-side kernels read (and write) W1/W3 in the layer's layout.
+      if (layer.fused_gate_up() && family != KernelFamily::down_dgrad) n += "_fused";
+      if (layer.expert_bias && family == KernelFamily::up_proj) n += "_bias";
+      break;
+    case KernelFamily::down_proj:
+      if (layer.expert_bias) n += "_bias";
+      break;
+    case KernelFamily::bias_grad: n += "_" + moeblaze::to_string(layer.activation); break;
     case KernelFamily::router_topk:
     case KernelFamily::router_backward:
       n += "_" + moeblaze::to_string(layer.router) + (layer.renormalize ? "_renorm" : ""); break;

@@ -28,12 +28,17 @@ enum class KernelFamily {
   router_backward,  // d logits
   router_dgrad,     // dx += d logits W_r
   router_wgrad,     // dW_r
+  bias_grad,        // per-expert bias gradients (layers with expert biases)
+  gate_bias_grad,   // the down bias's part of the gate gradient (layers with expert biases)
 };
 
 std::string to_string(KernelFamily f);
 // Throws InvalidArgument("family", ...) listing the families.
 KernelFamily parse_family(const std::string& s);
 const std::vector<KernelFamily>& all_families();
+// Whether a layer runs the family (router families need the built-in router, bias families
+// expert biases).
+bool family_runs(KernelFamily f, const LayerConfig& layer);
 // Whether the family is a GEMM with a tunable tile configuration.
 bool is_tiled(KernelFamily f);
 // The family whose tile this family is generated with, if any: gate_grad sums the gate

@@ -22,6 +22,11 @@ void LayerConfig::validate() const {
   require_finite(route_scale, 0, kMaxRouteScale, "route_scale");
   if (!(route_scale > 0.f))
     throw InvalidArgument("route_scale", fmt::format("{} must be positive", route_scale));
+  if (weight_layout != WeightLayout::separate && weight_layout != WeightLayout::fused_gate_up)
+    throw InvalidArgument("weight_layout", fmt::format("{} is not a WeightLayout", static_cast<int>(weight_layout)));
+  if (fused_gate_up() && !is_gated(activation))
+    throw InvalidArgument("weight_layout", fmt::format("a fused gate_up needs a gated activation (swiglu, geglu), not {}",
+                                                       to_string(activation)));
 }
 
 std::string to_string(Activation a) {
@@ -31,6 +36,7 @@ std::string to_string(Activation a) {
     case Activation::silu: return "silu";
     case Activation::gelu: return "gelu";
     case Activation::relu: return "relu";
+    case Activation::clamped_swiglu: return "clamped_swiglu";
   }
   return "unknown";
 }
@@ -44,10 +50,20 @@ std::string to_string(RouterKind r) {
   return "unknown";
 }
 
+std::string to_string(WeightLayout w) { return w == WeightLayout::fused_gate_up ? "fused" : "separate"; }
+
+WeightLayout parse_weight_layout(const std::string& s) {
+  if (s == "separate") return WeightLayout::separate;
+  if (s == "fused") return WeightLayout::fused_gate_up;
+  throw InvalidArgument("weight_layout", fmt::format("'{}' is not one of separate, fused", s));
+}
+
 Activation parse_activation(const std::string& s) {
-  for (Activation a : {Activation::swiglu, Activation::geglu, Activation::silu, Activation::gelu, Activation::relu})
+  for (Activation a : {Activation::swiglu, Activation::geglu, Activation::silu, Activation::gelu, Activation::relu,
+                       Activation::clamped_swiglu})
     if (to_string(a) == s) return a;
-  throw InvalidArgument("activation", fmt::format("'{}' is not one of swiglu, geglu, silu, gelu, relu", s));
+  throw InvalidArgument("activation",
+                        fmt::format("'{}' is not one of swiglu, geglu, silu, gelu, relu, clamped_swiglu", s));
 }
 
 RouterKind parse_router(const std::string& s) {
@@ -62,8 +78,9 @@ std::string LayerConfig::describe() const {
     if (renormalize) r += ",renorm";
     if (route_scale != 1.f) r += fmt::format(",scale={}", route_scale);
   }
-  return fmt::format("E={} K={} d={} n={} {} router={}", shape.experts, shape.topk, shape.hidden, shape.ffn,
-                     to_string(activation), r);
+  // The separate layout keeps the description (and so the cache keys) it always had.
+  return fmt::format("E={} K={} d={} n={} {} router={}{}{}", shape.experts, shape.topk, shape.hidden, shape.ffn,
+                     to_string(activation), r, fused_gate_up() ? " gate_up=fused" : "", expert_bias ? " bias" : "");
 }
 
 namespace {

@@ -41,6 +41,18 @@ void expect_buffer(CUdeviceptr p, size_t have, size_t need, const char* name) {
   if (have < need) throw InvalidArgument(name, fmt::format("has {} bytes, {} are needed (see memory_plan)", have, need));
 }
 
+// Per-expert biases: both present (bf16 [E, G*n] and [E, d]) on a layer with expert biases, else absent.
+void expect_biases(const LayerConfig& l, const TensorRef& up, const TensorRef& down) {
+  const int64_t E = l.shape.experts;
+  if (l.expert_bias) {
+    expect_tensor(up, "bias_up", DType::bf16, {E, int64_t{l.gate_parts()} * l.shape.ffn});
+    expect_tensor(down, "bias_down", DType::bf16, {E, l.shape.hidden});
+  } else {
+    expect_absent(up, "bias_up", "given, but this layer has no expert biases");
+    expect_absent(down, "bias_down", "given, but this layer has no expert biases");
+  }
+}
+
 int64_t tokens_of(const TensorRef& x, const char* name) {
   if (x.shape.size() != 2) throw InvalidArgument(name, fmt::format("must be 2-D [T,d], got {}", shape_string(x.shape)));
   if (x.shape[0] <= 0) throw InvalidArgument(name, fmt::format("has T = {} tokens; T must be at least 1", x.shape[0]));
@@ -48,6 +60,8 @@ int64_t tokens_of(const TensorRef& x, const char* name) {
 }
 
 }  // namespace
+
+std::vector<int64_t> w1_shape(const LayerConfig& l) { return {l.shape.experts, l.w1_rows(), l.shape.hidden}; }
 
 void validate_forward_args(const LayerConfig& l, int dgrad_bn, const ForwardArgs& a) {
   l.validate();
@@ -70,10 +84,12 @@ void validate_forward_args(const LayerConfig& l, int dgrad_bn, const ForwardArgs
       expect_tensor(a.router_bias, "router_bias", DType::f32, {E});
     }
   }
-  expect_tensor(a.w1, "w1", DType::bf16, {E, n, d});
-  if (is_gated(l.activation)) expect_tensor(a.w3, "w3", DType::bf16, {E, n, d});
+  expect_tensor(a.w1, "w1", DType::bf16, w1_shape(l));
+  if (l.fused_gate_up()) expect_absent(a.w3, "w3", "given, but with a fused gate_up W3 is the second half of w1's rows");
+  else if (is_gated(l.activation)) expect_tensor(a.w3, "w3", DType::bf16, {E, n, d});
   else expect_absent(a.w3, "w3", "given, but a plain activation uses W1 alone");
   expect_tensor(a.w2, "w2", DType::bf16, {E, d, n});
+  expect_biases(l, a.bias_up, a.bias_down);
   expect_tensor(a.y, "y", DType::bf16, {T, d});
   const MemoryPlan p = plan_memory(l, T, a.mode, dgrad_bn);
   expect_buffer(a.saved, a.saved_bytes, p.saved_bytes, "saved");
@@ -87,7 +103,8 @@ void validate_backward_args(const LayerConfig& l, int dgrad_bn, const ForwardSta
     const auto& o = s.layer.shape;
     const auto& m = l.shape;
     if (o.experts != m.experts || o.topk != m.topk || o.hidden != m.hidden || o.ffn != m.ffn ||
-        s.layer.activation != l.activation || s.layer.router != l.router)
+        s.layer.activation != l.activation || s.layer.router != l.router || s.layer.weight_layout != l.weight_layout ||
+        s.layer.expert_bias != l.expert_bias)
       throw InvalidArgument("state", fmt::format("comes from a layer of another shape ({}), this layer is {}",
                                                  s.layer.describe(), l.describe()));
   }
@@ -96,12 +113,26 @@ void validate_backward_args(const LayerConfig& l, int dgrad_bn, const ForwardSta
   checked_token_slots(T, K, "state");  // a state is a plain value a caller could have filled in
   expect_tensor(a.dy, "dy", DType::bf16, {T, d});
   expect_tensor(a.x, "x", DType::bf16, {T, d});
-  expect_tensor(a.w1, "w1", DType::bf16, {E, n, d});
-  if (is_gated(l.activation)) expect_tensor(a.w3, "w3", DType::bf16, {E, n, d});
+  expect_tensor(a.w1, "w1", DType::bf16, w1_shape(l));
+  if (l.fused_gate_up()) expect_absent(a.w3, "w3", "given, but with a fused gate_up W3 is the second half of w1's rows");
+  else if (is_gated(l.activation)) expect_tensor(a.w3, "w3", DType::bf16, {E, n, d});
   expect_tensor(a.w2, "w2", DType::bf16, {E, d, n});
+  expect_biases(l, a.bias_up, a.bias_down);
+  if (l.expert_bias) {
+    expect_tensor(a.d_bias_up, "d_bias_up", DType::bf16, {E, int64_t{l.gate_parts()} * n}, true);
+    expect_tensor(a.d_bias_down, "d_bias_down", DType::bf16, {E, d}, true);
+    if (a.d_bias_up.dtype != a.dw1.dtype || a.d_bias_down.dtype != a.dw1.dtype)
+      throw InvalidArgument(a.d_bias_up.dtype != a.dw1.dtype ? "d_bias_up" : "d_bias_down",
+                            "must have the dtype of dw1 (bias gradients are stored or added as the weights')");
+  } else {
+    expect_absent(a.d_bias_up, "d_bias_up", "given, but this layer has no expert biases");
+    expect_absent(a.d_bias_down, "d_bias_down", "given, but this layer has no expert biases");
+  }
   expect_tensor(a.dx, "dx", DType::bf16, {T, d});
-  expect_tensor(a.dw1, "dw1", DType::bf16, {E, n, d}, true);
-  if (is_gated(l.activation)) {
+  expect_tensor(a.dw1, "dw1", DType::bf16, w1_shape(l), true);
+  if (l.fused_gate_up()) {
+    expect_absent(a.dw3, "dw3", "given, but with a fused gate_up dW3 is the second half of dw1's rows");
+  } else if (is_gated(l.activation)) {
     expect_tensor(a.dw3, "dw3", DType::bf16, {E, n, d}, true);
     if (a.dw3.dtype != a.dw1.dtype) throw InvalidArgument("dw3", "must have the same dtype as dw1");
   }

@@ -31,6 +31,14 @@ T* dptr(const TensorRef& t) {
   return reinterpret_cast<T*>(t.ptr);
 }
 
+// W3 (or dW3): its own tensor, or in a fused gate_up the rows n..2n of w1's first expert
+// (the kernels step 2n rows per expert from there).
+const void* second_part(const LayerConfig& l, const TensorRef& w1, const TensorRef& w3) {
+  if (!l.fused_gate_up()) return reinterpret_cast<const void*>(w3.ptr);
+  return reinterpret_cast<const void*>(w1.ptr + static_cast<CUdeviceptr>(l.shape.ffn) * l.shape.hidden *
+                                                    (w1.dtype == DType::f32 ? 4 : 2));
+}
+
 }  // namespace
 
 std::string to_string(CheckpointMode m) { return m == CheckpointMode::save_h ? "save-h" : "recompute"; }
@@ -142,14 +150,16 @@ ForwardState MoeLayer::forward(const ForwardArgs& a, CUstream stream) const {
   UpProjArgs up{rv,
                 reinterpret_cast<const void*>(a.x.ptr),
                 reinterpret_cast<const void*>(a.w1.ptr),
-                reinterpret_cast<const void*>(a.w3.ptr),
+                second_part(l, a.w1, a.w3),
                 st.H ? reinterpret_cast<void*>(st.H) : nullptr,
                 dptr<void>(a.scratch, fs.h)};
+  up.bias = reinterpret_cast<const void*>(a.bias_up.ptr);
   attach_weight_maps(up, ut, l);
   // 4. Down-projection, then the gate-weighted token-major combine.
   const TileConfig& dt = ks.get(KernelFamily::down_proj).generated.spec.tile;
   DownProjArgs down{rv, dptr<void>(a.scratch, fs.h), reinterpret_cast<const void*>(a.w2.ptr),
                     dptr<void>(a.scratch, fs.o)};
+  down.bias = reinterpret_cast<const void*>(a.bias_down.ptr);
   attach_weight_maps(down, dt, l, fs.chunk_slots);
   if (fs.chunk_slots >= TK) {
     ks.launch(KernelFamily::up_proj, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream, a.observer);
@@ -184,7 +194,10 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
   const KernelSet& ks = *kernels_;
   const TileConfig& dg = ks.get(KernelFamily::down_dgrad).generated.spec.tile;
   const BackwardScratch bs(l, T, s.mode, dg.bn);
-  const int accumulate = a.dw1.dtype == DType::f32 ? 1 : 0;
+  const GradOutput grad_output = a.dw1.dtype == DType::f32 ? GradOutput::add_f32
+                                 : a.accumulate             ? GradOutput::add_bf16
+                                                            : GradOutput::store_bf16;
+  const int accumulate = static_cast<int>(grad_output);
   auto cptr = [](const TensorRef& t) { return reinterpret_cast<const void*>(t.ptr); };
 
   // Gates: the caller's, or the built-in router's recomputed (same kernels, same inputs:
@@ -217,7 +230,8 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
   void* H = reinterpret_cast<void*>(s.H);
   if (s.mode == CheckpointMode::recompute) {
     const TileConfig& ut = ks.get(KernelFamily::up_proj).generated.spec.tile;
-    UpProjArgs up{rv, cptr(a.x), cptr(a.w1), cptr(a.w3), dptr<void>(a.scratch, bs.H), nullptr};
+    UpProjArgs up{rv, cptr(a.x), cptr(a.w1), second_part(l, a.w1, a.w3), dptr<void>(a.scratch, bs.H), nullptr};
+    up.bias = cptr(a.bias_up);  // the saved H had the biases added: so has this one
     attach_weight_maps(up, ut, l);
     ks.launch(KernelFamily::up_proj, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream, a.observer);
     H = dptr<void>(a.scratch, bs.H);
@@ -259,18 +273,27 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
   }
   GateGradArgs gg{rv.token_index_map, dptr<float>(a.scratch, bs.partials), TK, d_gates};
   ks.launch(KernelFamily::gate_grad, ceil_div(TK, 256), gg, stream, a.observer);
+  if (l.expert_bias) {  // o = h W2^T + b2: dL/dg gains <dy, b2> (before the router reads d_gates)
+    GateBiasGradArgs gb{rv.token_expert_indices, cptr(a.dy), cptr(a.bias_down), TK, d_gates};
+    ks.launch(KernelFamily::gate_bias_grad, ceil_div(TK, 8), gb, stream, a.observer);
+  }
   const TileConfig& wt1 = ks.get(KernelFamily::up_wgrad).generated.spec.tile;
-  WgradArgs w1{rv, H, cptr(a.x), dptr<void>(a.dw1), dptr<void>(a.dw3), accumulate};
+  WgradArgs w1{rv, H, cptr(a.x), dptr<void>(a.dw1), const_cast<void*>(second_part(l, a.dw1, a.dw3)), accumulate};
   attach_dh_map(w1, wt1, TK, int64_t{G} * n);
-  attach_output_maps(w1, wt1, E, n, d, d, w1.out0, G == 2 ? w1.out1 : nullptr);
+  attach_output_maps(w1, wt1, E, n, d, d, w1.out0, G == 2 ? w1.out1 : nullptr, l.w1_rows());
   ks.launch(KernelFamily::up_wgrad, E * ceil_div(G * n, wt1.bm) * ceil_div(d, wt1.bn), w1, stream, a.observer);
   // 4. Token gradient: per-slot dx, then the fixed-order sum over each token's K slots.
   const TileConfig& ud = ks.get(KernelFamily::up_dgrad).generated.spec.tile;
-  UpDgradArgs udg{rv, H, cptr(a.w1), cptr(a.w3), dptr<void>(a.scratch, bs.dxs)};
+  UpDgradArgs udg{rv, H, cptr(a.w1), second_part(l, a.w1, a.w3), dptr<void>(a.scratch, bs.dxs)};
   attach_weight_maps(udg, ud, l, TK);
   ks.launch(KernelFamily::up_dgrad, slot_tile_blocks(TK, ud.bm, ud.bn, E, d), udg, stream, a.observer);
   CombineArgs sum{rv.token_index_map, nullptr, dptr<void>(a.scratch, bs.dxs), T, dptr<void>(a.dx)};
   ks.launch(KernelFamily::combine, T, sum, stream, a.observer);
+  if (l.expert_bias) {  // from dH (still over H: nothing after the down dgrad writes there) and dy
+    BiasGradArgs bg{rv, H, cptr(a.dy), dptr<void>(a.d_bias_up), dptr<void>(a.d_bias_down), accumulate};
+    const int64_t blocks = E * (ceil_div(int64_t{G} * n, 256) + ceil_div(d, 256));  // bias_grads.cuh
+    ks.launch(KernelFamily::bias_grad, blocks, bg, stream, a.observer);
+  }
   // 5. Router backward: d logits, then dx += d logits W_r and dW_r.
   if (l.router != RouterKind::none) {
     RouterBackwardArgs rb{dptr<float>(a.scratch, bs.logits), dptr<int>(a.scratch, bs.ids), d_gates, l.route_scale, T,

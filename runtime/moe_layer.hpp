@@ -47,7 +47,10 @@ struct ForwardArgs {
   TensorRef topk_weights;  // [T,K] f32 (no built-in router); keep alive until backward
   TensorRef w_router;      // [E,d] bf16 (built-in router)
   TensorRef router_bias;   // [E] f32, optional (sigmoid router)
-  TensorRef w1, w3, w2;    // [E,n,d], [E,n,d] (gated only), [E,d,n] bf16
+  TensorRef w1, w3, w2;    // [E,n,d], [E,n,d] (gated only), [E,d,n] bf16; a fused gate_up
+                           // layer: w1 [E,2n,d] holds W1 and W3, w3 absent
+  TensorRef bias_up;       // layers with expert biases: [E, G*n] bf16 ([gate | up] per expert)
+  TensorRef bias_down;     // layers with expert biases: [E, d] bf16
   TensorRef y;             // [T,d] bf16 out
   TensorRef gates_out;     // [T,K] f32, optional: the built-in router's gates
   CheckpointMode mode = CheckpointMode::save_h;
@@ -81,14 +84,23 @@ struct BackwardArgs {
   TensorRef topk_weights;  // (no built-in router)
   TensorRef w_router, router_bias;
   TensorRef w1, w3, w2;
+  TensorRef bias_up, bias_down;  // layers with expert biases (bias_up: recompute mode's up-projection)
   TensorRef dx;             // [T,d] bf16 out
-  TensorRef dw1, dw3, dw2;  // bf16 (overwritten) or f32 (results added: gradient accumulation)
+  TensorRef dw1, dw3, dw2;  // bf16 (overwritten, or added to with `accumulate`) or f32 (results
+                            // added: a main gradient); fused gate_up: dw1 [E,2n,d], dw3 absent
   TensorRef d_topk_weights;  // [T,K] f32 out (no built-in router: required; built-in: optional)
   TensorRef dw_router;       // [E,d] bf16 or f32 (built-in router)
+  TensorRef d_bias_up, d_bias_down;  // layers with expert biases: the dtype of dw1, stored or added as it
   CUdeviceptr scratch = 0;   // memory_plan().backward_scratch_bytes
   size_t scratch_bytes = 0;
+  // bf16 weight gradients: add the results into dw1/dw3/dw2 in the GEMM epilogues (gradient
+  // accumulation over micro-batches) instead of overwriting them. f32 gradients always add.
+  bool accumulate = false;
   LaunchObserver* observer = nullptr;  // optional: sees every launch (timing)
 };
+
+// The shape of w1 (and dw1): [E,n,d], or [E,2n,d] for a fused gate_up.
+std::vector<int64_t> w1_shape(const LayerConfig& layer);
 
 // Slot chunks of the forward's up and down projections (1 = one pass): layers whose h is
 // wider than the model (n > d) run up to 4 chunks so that h is held one chunk at a time.

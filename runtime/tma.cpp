@@ -59,16 +59,19 @@ TmaMap encode_weight_map(CUdeviceptr base, int64_t total_rows, int64_t k, int bo
 }
 
 OutputMapParams output_map_params(CUdeviceptr base, int64_t experts, int64_t rows, int64_t cols, int64_t ld,
-                                  int box_rows, const char* name) {
+                                  int box_rows, const char* name, int64_t expert_rows) {
   check_tma_view(base, rows, cols, ld, box_rows, name);
   if (experts <= 0) throw InvalidArgument(name, "is empty");
+  if (expert_rows == 0) expert_rows = rows;
+  if (expert_rows < rows)
+    throw InvalidArgument(name, fmt::format("experts {} rows apart overlap their {} rows", expert_rows, rows));
   if (experts >= (int64_t{1} << 31)) throw InvalidArgument(name, "has 2^31 rows or more (TMA coordinates)");
   OutputMapParams p;
   p.dims[0] = static_cast<uint64_t>(cols);
   p.dims[1] = static_cast<uint64_t>(rows);
   p.dims[2] = static_cast<uint64_t>(experts);
   p.strides[0] = static_cast<uint64_t>(ld) * 2;
-  p.strides[1] = static_cast<uint64_t>(rows) * static_cast<uint64_t>(ld) * 2;
+  p.strides[1] = static_cast<uint64_t>(expert_rows) * static_cast<uint64_t>(ld) * 2;
   p.box[0] = 64;
   p.box[1] = static_cast<uint32_t>(box_rows);
   p.box[2] = 1;
@@ -76,17 +79,20 @@ OutputMapParams output_map_params(CUdeviceptr base, int64_t experts, int64_t row
 }
 
 TmaMap encode_output_map(CUdeviceptr base, int64_t experts, int64_t rows, int64_t cols, int64_t ld, int box_rows,
-                         const char* name) {
-  const OutputMapParams p = output_map_params(base, experts, rows, cols, ld, box_rows, name);
+                         const char* name, int64_t expert_rows) {
+  const OutputMapParams p = output_map_params(base, experts, rows, cols, ld, box_rows, name, expert_rows);
   return encode_tiled<3>(base, p.dims, p.strides, p.box, p.element_strides, CU_TENSOR_MAP_L2_PROMOTION_NONE, name);
 }
+
+int64_t w1_map_rows(const LayerConfig& l) { return int64_t{l.shape.experts} * l.w1_rows(); }
+int64_t w3_map_rows(const LayerConfig& l) { return w1_map_rows(l) - (l.fused_gate_up() ? l.shape.ffn : 0); }
 
 // TMA tiles (TileConfig::tma) read their weight tiles through tensor maps in the argument.
 void attach_weight_maps(UpProjArgs& up, const TileConfig& t, const LayerConfig& l) {
   if (!t.tma) return;
-  const int64_t rows = int64_t{l.shape.experts} * l.shape.ffn;
-  up.tma_w1 = encode_weight_map(reinterpret_cast<CUdeviceptr>(up.w1), rows, l.shape.hidden, t.bn, "w1");
-  if (up.w3) up.tma_w3 = encode_weight_map(reinterpret_cast<CUdeviceptr>(up.w3), rows, l.shape.hidden, t.bn, "w3");
+  up.tma_w1 = encode_weight_map(reinterpret_cast<CUdeviceptr>(up.w1), w1_map_rows(l), l.shape.hidden, t.bn, "w1");
+  if (up.w3)
+    up.tma_w3 = encode_weight_map(reinterpret_cast<CUdeviceptr>(up.w3), w3_map_rows(l), l.shape.hidden, t.bn, "w3");
 }
 // h_rows: rows of the h buffer (one forward chunk).
 void attach_weight_maps(DownProjArgs& down, const TileConfig& t, const LayerConfig& l, int64_t h_rows) {
@@ -105,11 +111,11 @@ void attach_weight_maps(DownDgradArgs& dd, const TileConfig& t, const LayerConfi
 }
 void attach_weight_maps(UpDgradArgs& ud, const TileConfig& t, const LayerConfig& l, int64_t slots) {
   if (!t.tma) return;
-  const int64_t rows = int64_t{l.shape.experts} * l.shape.ffn;
   ud.tma_dh = encode_weight_map(reinterpret_cast<CUdeviceptr>(ud.dH), slots, int64_t{l.gate_parts()} * l.shape.ffn,
                                 t.bm, "dH");
-  ud.tma_w1 = encode_weight_map(reinterpret_cast<CUdeviceptr>(ud.w1), rows, l.shape.hidden, 64, "w1");
-  if (ud.w3) ud.tma_w3 = encode_weight_map(reinterpret_cast<CUdeviceptr>(ud.w3), rows, l.shape.hidden, 64, "w3");
+  ud.tma_w1 = encode_weight_map(reinterpret_cast<CUdeviceptr>(ud.w1), w1_map_rows(l), l.shape.hidden, 64, "w1");
+  if (ud.w3)
+    ud.tma_w3 = encode_weight_map(reinterpret_cast<CUdeviceptr>(ud.w3), w3_map_rows(l), l.shape.hidden, 64, "w3");
 }
 // up_wgrad reads dH (A: [T*K, G*n]), down_wgrad hg (B: [T*K, cols], rows ld apart) by TMA.
 void attach_dh_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols) {
@@ -120,11 +126,13 @@ void attach_hg_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t col
 }
 
 void attach_output_maps(WgradArgs& w, const TileConfig& t, int64_t experts, int64_t rows, int64_t cols,
-                        int64_t ld, const void* out0, const void* out1) {
-  if (!t.tma_store || w.accumulate_fp32) return;
-  w.tma_out0 = encode_output_map(reinterpret_cast<CUdeviceptr>(out0), experts, rows, cols, ld, t.bm, "weight gradient");
+                        int64_t ld, const void* out0, const void* out1, int64_t expert_rows) {
+  if (!t.tma_store || w.grad_output != static_cast<int>(GradOutput::store_bf16)) return;
+  w.tma_out0 = encode_output_map(reinterpret_cast<CUdeviceptr>(out0), experts, rows, cols, ld, t.bm,
+                                 "weight gradient", expert_rows);
   if (out1)
-    w.tma_out1 = encode_output_map(reinterpret_cast<CUdeviceptr>(out1), experts, rows, cols, ld, t.bm, "dw3");
+    w.tma_out1 = encode_output_map(reinterpret_cast<CUdeviceptr>(out1), experts, rows, cols, ld, t.bm, "dw3",
+                                   expert_rows);
 }
 
 }  // namespace moeblaze

@@ -39,10 +39,12 @@ struct OutputMapParams {
   uint32_t box[3];      // {64, box_rows, 1}
   uint32_t element_strides[3] = {1, 1, 1};
 };
+// expert_rows: rows from one expert's first row to the next's (0: rows; a fused gate_up's dW1
+// and dW3 views: 2n rows of which each view covers n).
 OutputMapParams output_map_params(CUdeviceptr base, int64_t experts, int64_t rows, int64_t cols, int64_t ld,
-                                  int box_rows, const char* name);
+                                  int box_rows, const char* name, int64_t expert_rows = 0);
 TmaMap encode_output_map(CUdeviceptr base, int64_t experts, int64_t rows, int64_t cols, int64_t ld, int box_rows,
-                         const char* name);
+                         const char* name, int64_t expert_rows = 0);
 
 // The tensor maps of a TMA tile's kernel argument (TileConfig::tma; nothing otherwise).
 void attach_weight_maps(UpProjArgs& up, const TileConfig& t, const LayerConfig& l);
@@ -52,10 +54,15 @@ void attach_weight_maps(UpDgradArgs& ud, const TileConfig& t, const LayerConfig&
 // up_wgrad reads dH (A: [slots, cols]), down_wgrad hg (B: [slots, cols], rows ld apart).
 void attach_dh_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols);
 void attach_hg_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols, int64_t ld);
-// "_tstore" weight gradients with bf16 outputs (fp32 accumulation keeps the direct stores):
-// the output maps, [E][rows][cols] with rows ld apart; out0 already offset to the first column
-// (down wgrad column chunks), out1 dW3 or nullptr.
+// "_tstore" weight gradients with stored bf16 outputs (accumulation keeps the direct stores):
+// the output maps, [E][rows][cols] with rows ld apart and experts expert_rows rows apart (0:
+// rows); out0 already offset to the first column (down wgrad column chunks), out1 dW3 or nullptr.
 void attach_output_maps(WgradArgs& w, const TileConfig& t, int64_t experts, int64_t rows, int64_t cols,
-                        int64_t ld, const void* out0, const void* out1);
+                        int64_t ld, const void* out0, const void* out1, int64_t expert_rows = 0);
+
+// Rows of the TMA views of W1 and W3 ([rows, d]): E*n each, or for a fused gate_up the
+// [E*2n, d] tensor from W1's first row and from W3's (n rows fewer).
+int64_t w1_map_rows(const LayerConfig& l);
+int64_t w3_map_rows(const LayerConfig& l);
 
 }  // namespace moeblaze

@@ -25,6 +25,14 @@ if ! python3 -c "import pytest" >/dev/null 2>&1; then
   echo "setup: installing pytest"
   python3 -m pip install -q pytest
 fi
+# torch (used on the CPU here) and transformers for the CPU tests of the transformers experts
+# backend (python/tests/test_hf.py): the versions of the GPU machine. PyPI's torch wheel is a
+# few GB with its CUDA libraries (minutes); MOEBLAZE_SKIP_TORCH=1 leaves both out (those tests
+# then report themselves skipped).
+if [ "${MOEBLAZE_SKIP_TORCH:-0}" != 1 ] && ! python3 -c "import torch, transformers" >/dev/null 2>&1; then
+  echo "setup: installing torch and transformers (PyPI)"
+  python3 -m pip install -q "torch==2.11.0" "transformers==5.17.0"
+fi
 
 CUDA_ROOT=${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}
 if [ ! -f "$CUDA_ROOT/include/cuda_bf16.h" ]; then

@@ -92,6 +92,21 @@ CheckInputs draw_inputs(const CheckData& c) {
   if (c.gated) fill_uniform(in.w3, std::sqrt(3.f / c.d), s * 16 + 3);
   fill_uniform(in.w2, std::sqrt(3.f / c.n), s * 16 + 4);
   fill_uniform(in.dy, 1.f, s * 16 + 5);
+  if (c.fused) {
+    const size_t nd = static_cast<size_t>(c.n) * c.d;
+    in.w13.resize(static_cast<size_t>(c.E) * 2 * nd);
+    for (int e = 0; e < c.E; ++e) {
+      std::copy_n(in.w1.begin() + e * nd, nd, in.w13.begin() + 2 * e * nd);
+      std::copy_n(in.w3.begin() + e * nd, nd, in.w13.begin() + (2 * e + 1) * nd);
+    }
+  }
+  // Expert biases (GPT-OSS), of the size of the projections' outputs.
+  if (o.layer.expert_bias) {
+    in.b_up.resize(static_cast<size_t>(c.E) * o.layer.gate_parts() * c.n);
+    in.b_down.resize(static_cast<size_t>(c.E) * c.d);
+    fill_uniform(in.b_up, 0.5f, s * 16 + 16);
+    fill_uniform(in.b_down, 0.5f, s * 16 + 17);
+  }
   if (c.router) {
     fill_uniform(in.wr, std::sqrt(3.f / c.d), s * 16 + 6);
     if (o.layer.router == RouterKind::sigmoid_topk) {
@@ -107,8 +122,8 @@ CheckInputs draw_inputs(const CheckData& c) {
       v.resize(count);
       fill_uniform(v, -1.f, 1.f, seed);
     };
-    fill(in.acc1, in.w1.size(), s * 16 + 9);
-    fill(in.acc3, in.w3.size(), s * 16 + 10);
+    fill(in.acc1, static_cast<size_t>(c.E) * c.w1_rows * c.d, s * 16 + 9);
+    fill(in.acc3, c.separate_w3 ? in.w3.size() : 0, s * 16 + 10);
     fill(in.acc2, in.w2.size(), s * 16 + 11);
     fill(in.accr, in.wr.size(), s * 16 + 12);
   }
@@ -128,20 +143,26 @@ CheckBuffers allocate_buffers(const CheckData& c, const MemoryPlan& plan) {
   const size_t wbytes = c.options.accumulate_fp32 ? 4 : 2;
   CheckBuffers b;
   b.x = upload(in.x);
-  b.w1 = upload(in.w1);
+  b.w1 = upload(c.fused ? in.w13 : in.w1);
   b.w2 = upload(in.w2);
   b.dy = upload(in.dy);
-  if (c.gated) b.w3 = upload(in.w3);
+  if (c.separate_w3) b.w3 = upload(in.w3);
   if (c.router) b.wr = upload(in.wr);
   if (!in.bias.empty()) b.bias = upload(in.bias);
+  if (!in.b_up.empty()) {
+    b.b_up = upload(in.b_up);
+    b.b_down = upload(in.b_down);
+  }
+  b.db_up = DeviceBuffer(in.b_up.size() * wbytes);
+  b.db_down = DeviceBuffer(in.b_down.size() * wbytes);
   if (!c.router) {
     b.ids = upload(in.ids);
     b.gates_in = upload(in.gates);
   }
   b.y = DeviceBuffer(c.T * c.d * 2);
   b.dx = DeviceBuffer(c.T * c.d * 2);
-  b.dw1 = DeviceBuffer(in.w1.size() * wbytes);
-  b.dw3 = DeviceBuffer(in.w3.size() * wbytes);
+  b.dw1 = DeviceBuffer(static_cast<size_t>(c.E) * c.w1_rows * c.d * wbytes);
+  b.dw3 = DeviceBuffer(c.separate_w3 ? in.w3.size() * wbytes : 0);
   b.dw2 = DeviceBuffer(in.w2.size() * wbytes);
   b.dwr = DeviceBuffer(in.wr.size() * wbytes);
   b.dgates = DeviceBuffer(TK * 4);
@@ -170,9 +191,13 @@ ForwardArgs forward_args(const CheckData& c) {
     fa.topk_weights = tensor(b.gates_in, DType::f32, {T, K});
     fa.check_routing = true;
   }
-  fa.w1 = tensor(b.w1, DType::bf16, {E, n, d});
-  if (c.gated) fa.w3 = tensor(b.w3, DType::bf16, {E, n, d});
+  fa.w1 = tensor(b.w1, DType::bf16, w1_shape(c.options.layer));
+  if (c.separate_w3) fa.w3 = tensor(b.w3, DType::bf16, {E, n, d});
   fa.w2 = tensor(b.w2, DType::bf16, {E, d, n});
+  if (c.options.layer.expert_bias) {
+    fa.bias_up = tensor(b.b_up, DType::bf16, {E, int64_t{c.options.layer.gate_parts()} * n});
+    fa.bias_down = tensor(b.b_down, DType::bf16, {E, d});
+  }
   fa.y = tensor(b.y, DType::bf16, {T, d});
   fa.mode = c.options.mode;
   fa.saved = b.saved.get();
@@ -196,10 +221,16 @@ BackwardArgs backward_args(const CheckData& c, const ForwardArgs& fa) {
   ba.w3 = fa.w3;
   ba.w2 = fa.w2;
   ba.dx = tensor(b.dx, DType::bf16, {T, d});
-  ba.dw1 = tensor(b.dw1, wt, {E, n, d});
-  if (c.gated) ba.dw3 = tensor(b.dw3, wt, {E, n, d});
+  ba.dw1 = tensor(b.dw1, wt, w1_shape(c.options.layer));
+  if (c.separate_w3) ba.dw3 = tensor(b.dw3, wt, {E, n, d});
   ba.dw2 = tensor(b.dw2, wt, {E, d, n});
   ba.d_topk_weights = tensor(b.dgates, DType::f32, {T, K});
+  ba.bias_up = fa.bias_up;
+  ba.bias_down = fa.bias_down;
+  if (c.options.layer.expert_bias) {
+    ba.d_bias_up = tensor(b.db_up, wt, {E, int64_t{c.options.layer.gate_parts()} * n});
+    ba.d_bias_down = tensor(b.db_down, wt, {E, d});
+  }
   if (c.router) ba.dw_router = tensor(b.dwr, wt, {E, d});
   ba.scratch = b.bscratch.get();
   ba.scratch_bytes = b.bscratch.size();
@@ -224,14 +255,18 @@ void reset_outputs(CheckData& c, const Stream& stream) {
   poison(b.gates_out, true);
   if (c.options.accumulate_fp32) {
     b.dw1.upload(c.in.acc1.data(), b.dw1.size());
-    if (c.gated) b.dw3.upload(c.in.acc3.data(), b.dw3.size());
+    if (c.separate_w3) b.dw3.upload(c.in.acc3.data(), b.dw3.size());
     b.dw2.upload(c.in.acc2.data(), b.dw2.size());
     if (c.router) b.dwr.upload(c.in.accr.data(), b.dwr.size());
+    for (const DeviceBuffer* g : {&b.db_up, &b.db_down})  // bias gradients add from zero
+      if (g->size()) MB_CU(drv.cuMemsetD32Async(g->get(), 0, g->size() / 4, stream.get()));
   } else {
     poison(b.dw1, false);
     poison(b.dw3, false);
     poison(b.dw2, false);
     poison(b.dwr, false);
+    poison(b.db_up, false);
+    poison(b.db_down, false);
   }
   poison(b.saved, false);
   poison(b.fscratch, false);
@@ -249,10 +284,14 @@ Snapshot snapshot(const CheckData& c, const MemoryPlan& plan) {
   if (backward) {
     snap.add("dx", b.dx.get(), b.dx.size());
     snap.add("dw1", b.dw1.get(), b.dw1.size());
-    if (c.gated) snap.add("dw3", b.dw3.get(), b.dw3.size());
+    if (c.separate_w3) snap.add("dw3", b.dw3.get(), b.dw3.size());
     snap.add("dw2", b.dw2.get(), b.dw2.size());
     snap.add("d_topk_weights", b.dgates.get(), b.dgates.size());
     if (c.router) snap.add("dw_router", b.dwr.get(), b.dwr.size());
+    if (c.options.layer.expert_bias) {
+      snap.add("d_bias_up", b.db_up.get(), b.db_up.size());
+      snap.add("d_bias_down", b.db_down.get(), b.db_down.size());
+    }
   }
   return snap;
 }
@@ -320,8 +359,10 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
   if (o.tokens <= 0) throw InvalidArgument("tokens", fmt::format("T = {} must be at least 1", o.tokens));
   // The caller's (primary) context, held until every buffer and module of the check is gone.
   const DeviceContext device(0);
-  CheckData c{o, l.shape.experts, l.shape.topk, l.shape.hidden, l.shape.ffn, o.tokens,
-              is_gated(l.activation), l.router != RouterKind::none, {}, {}, {}};
+  const bool gated = is_gated(l.activation);
+  CheckData c{o,     l.shape.experts, l.shape.topk, l.shape.hidden, l.shape.ffn, o.tokens, gated,
+              l.router != RouterKind::none, l.fused_gate_up(), gated && !l.fused_gate_up(),
+              static_cast<size_t>(l.w1_rows()), {}, {}, {}};
 
   LayerCheckResult res;
   const MoeLayer layer = load_layer(o, device.info(), res.kernels);

@@ -52,8 +52,9 @@ void note_unwritten(LayerCheckResult& res, const std::string& name, bool bad) {
 }
 
 reference::ExpertWeights expert_weights(const CheckData& c) {
+  const bool bias = c.options.layer.expert_bias;
   return {c.in.w1.data(), c.gated ? c.in.w3.data() : nullptr, c.in.w2.data(), c.E, c.d, c.n,
-          c.options.layer.activation};
+          c.options.layer.activation, bias ? c.in.b_up.data() : nullptr, bias ? c.in.b_down.data() : nullptr};
 }
 
 reference::RouterSpec router_spec(const CheckData& c) {
@@ -160,26 +161,40 @@ void compare_weight_grads(const CheckData& c, const std::vector<int32_t>& ids, c
   const reference::ExpertWeights rw = expert_weights(c);
   const size_t nd = static_cast<size_t>(c.n) * c.d;
   auto append = [](std::vector<double>& a, const std::vector<double>& b) { a.insert(a.end(), b.begin(), b.end()); };
-  std::vector<double> got1, ref1, got3, ref3, got2, ref2;
+  const bool bias = c.options.layer.expert_bias;
+  // Bias gradients add from zero under fp32 accumulation (their contents are not initialised).
+  const std::vector<float> zero_up(c.in.b_up.size(), 0.f), zero_down(c.in.b_down.size(), 0.f);
+  const size_t gn = static_cast<size_t>(c.options.layer.gate_parts()) * c.n;
+  std::vector<double> got1, ref1, got3, ref3, got2, ref2, got_bu, ref_bu, got_bd, ref_bd;
   std::string names;
   for (int e : experts) {
     if (!names.empty()) names += ",";
     names += std::to_string(e);
     const auto eg = reference::expert_weight_grad_rows(rw, c.in.x.data(), c.in.dy.data(), ids.data(), gates.data(),
                                                        c.T, c.K, e, rows);
-    for (int i : rows) {  // rows i of dW1 and dW3
-      append(got1, gradient(c, c.buf.dw1, c.in.acc1, e * nd + static_cast<size_t>(i) * c.d, c.d, res));
-      if (c.gated) append(got3, gradient(c, c.buf.dw3, c.in.acc3, e * nd + static_cast<size_t>(i) * c.d, c.d, res));
+    const size_t w1_e = e * c.w1_rows * c.d;  // expert e's first dW1 element
+    for (int i : rows) {  // rows i of dW1 and dW3 (fused: dW3 is rows n + i of dW1)
+      append(got1, gradient(c, c.buf.dw1, c.in.acc1, w1_e + static_cast<size_t>(i) * c.d, c.d, res));
+      if (c.separate_w3)
+        append(got3, gradient(c, c.buf.dw3, c.in.acc3, e * nd + static_cast<size_t>(i) * c.d, c.d, res));
+      if (c.fused) append(got3, gradient(c, c.buf.dw1, c.in.acc1, w1_e + static_cast<size_t>(c.n + i) * c.d, c.d, res));
     }
     append(ref1, eg.dw1);
     if (c.gated) append(ref3, eg.dw3);
+    if (bias) {  // the expert's bias gradients: its sampled rows of d_bias_up, all of d_bias_down
+      for (int part = 0; part < c.options.layer.gate_parts(); ++part)
+        for (int i : rows) append(got_bu, gradient(c, c.buf.db_up, zero_up, e * gn + part * c.n + i, 1, res));
+      append(ref_bu, eg.d_bias_up);
+      append(got_bd, gradient(c, c.buf.db_down, zero_down, static_cast<size_t>(e) * c.d, c.d, res));
+      append(ref_bd, eg.d_bias_down);
+    }
     // Columns i of dW2 [d, n]: read whole rows, keep the sampled columns.
     const auto w2e = gradient(c, c.buf.dw2, c.in.acc2, e * nd, nd, res);
     for (int64_t col = 0; col < c.d; ++col)
       for (int64_t r = 0; r < R; ++r) got2.push_back(w2e[col * c.n + rows[r]]);
     append(ref2, eg.dw2);
     if (count[e] == 0) {  // exact zeros expected
-      const auto g1 = gradient(c, c.buf.dw1, c.in.acc1, e * nd, nd, res);
+      const auto g1 = gradient(c, c.buf.dw1, c.in.acc1, w1_e, c.w1_rows * c.d, res);  // fused: dW3 too
       const bool zero = std::all_of(g1.begin(), g1.end(), [](double v) { return v == 0.0; }) &&
                         std::all_of(w2e.begin(), w2e.end(), [](double v) { return v == 0.0; });
       res.errors.push_back({fmt::format("dW1, dW2 of empty expert {} are zero", e), zero ? 0.0 : 1.0,
@@ -194,6 +209,10 @@ void compare_weight_grads(const CheckData& c, const std::vector<int32_t>& ids, c
   line("dW1", got1, ref1);
   if (c.gated) line("dW3", got3, ref3);
   line("dW2", got2, ref2);
+  if (bias) {
+    line("d_bias_up", got_bu, ref_bu);
+    line("d_bias_down", got_bd, ref_bd);
+  }
 }
 
 // dW_r over all tokens, from the GPU's gate gradients (themselves compared before).

@@ -14,16 +14,18 @@ namespace moeblaze::detail {
 // accumulation also the random contents the weight gradients are added to.
 struct CheckInputs {
   std::vector<bf16> x, w1, w3, w2, dy, wr;
-  std::vector<float> bias;       // sigmoid router only
-  std::vector<int32_t> ids;      // caller routing only
-  std::vector<float> gates;      // caller routing only
-  std::vector<float> acc1, acc3, acc2, accr;  // fp32 accumulation only
+  std::vector<bf16> w13;             // fused gate_up only: each expert's W1 rows, then its W3 rows
+  std::vector<bf16> b_up, b_down;    // expert biases only: [E, G*n], [E, d]
+  std::vector<float> bias;           // sigmoid router only
+  std::vector<int32_t> ids;          // caller routing only
+  std::vector<float> gates;          // caller routing only
+  std::vector<float> acc1, acc3, acc2, accr;  // fp32 accumulation only (acc1 is [E, w1_rows, d])
 };
 
 // The device copies of the inputs, the outputs, and the layer's saved state and scratch.
 struct CheckBuffers {
-  DeviceBuffer x, w1, w3, w2, dy, wr, bias, ids, gates_in;
-  DeviceBuffer y, dx, dw1, dw3, dw2, dwr, dgates, gates_out;
+  DeviceBuffer x, w1, w3, w2, dy, wr, bias, ids, gates_in, b_up, b_down;
+  DeviceBuffer y, dx, dw1, dw3, dw2, dwr, dgates, gates_out, db_up, db_down;
   DeviceBuffer saved, fscratch, bscratch;
 };
 
@@ -33,6 +35,10 @@ struct CheckData {
   int E, K, d, n;
   int64_t T;
   bool gated, router;
+  // A fused gate_up layer reads W1 and W3 from one [E,2n,d] tensor and writes dW1/dW3 the same
+  // way (no separate W3); the reference keeps them apart. w1_rows: rows of W1 per expert.
+  bool fused, separate_w3;
+  size_t w1_rows;
   CheckInputs in;
   CheckBuffers buf;
   ForwardState state;

@@ -39,9 +39,17 @@ TimingWorkspace::TimingWorkspace(const LayerConfig& layer_in, int64_t T, const s
     x.push_back(random_bf16(T * d, 1.f, seed * 100 + r));
     dy.push_back(random_bf16(T * d, 1.f, seed * 100 + 50 + r));
   }
-  w1 = random_bf16(size_t(E) * n * d, std::sqrt(3.f / d), seed * 100 + 90);
-  if (gated) w3 = random_bf16(size_t(E) * n * d, std::sqrt(3.f / d), seed * 100 + 91);
+  // A fused gate_up holds W1 and W3 in w1 ([E,2n,d]).
+  const bool separate_w3 = gated && !layer.fused_gate_up();
+  w1 = random_bf16(size_t(E) * layer.w1_rows() * d, std::sqrt(3.f / d), seed * 100 + 90);
+  if (separate_w3) w3 = random_bf16(size_t(E) * n * d, std::sqrt(3.f / d), seed * 100 + 91);
   w2 = random_bf16(size_t(E) * d * n, std::sqrt(3.f / n), seed * 100 + 92);
+  if (layer.expert_bias) {
+    bias_up = random_bf16(size_t(E) * layer.gate_parts() * n, 0.5f, seed * 100 + 95);
+    bias_down = random_bf16(size_t(E) * d, 0.5f, seed * 100 + 96);
+    dbias_up = DeviceBuffer(bias_up.size());
+    dbias_down = DeviceBuffer(bias_down.size());
+  }
   if (layer.router != RouterKind::none) {
     wr = random_bf16(size_t(E) * d, std::sqrt(3.f / d), seed * 100 + 93);
   } else {
@@ -57,8 +65,8 @@ TimingWorkspace::TimingWorkspace(const LayerConfig& layer_in, int64_t T, const s
   }
   y = DeviceBuffer(T * d * 2);
   dx = DeviceBuffer(T * d * 2);
-  dw1 = DeviceBuffer(size_t(E) * n * d * 2);
-  if (gated) dw3 = DeviceBuffer(size_t(E) * n * d * 2);
+  dw1 = DeviceBuffer(size_t(E) * layer.w1_rows() * d * 2);
+  if (separate_w3) dw3 = DeviceBuffer(size_t(E) * n * d * 2);
   dw2 = DeviceBuffer(size_t(E) * d * n * 2);
   if (layer.router != RouterKind::none) dwr = DeviceBuffer(size_t(E) * d * 2);
   dgates = DeviceBuffer(T * K * 4);
@@ -78,9 +86,13 @@ ForwardArgs TimingWorkspace::forward_args(int r) const {
     a.topk_ids = {ids.get(), DType::i32, {T, K}};
     a.topk_weights = {gates.get(), DType::f32, {T, K}};
   }
-  a.w1 = {w1.get(), DType::bf16, {E, n, d}};
-  if (is_gated(layer.activation)) a.w3 = {w3.get(), DType::bf16, {E, n, d}};
+  a.w1 = {w1.get(), DType::bf16, w1_shape(layer)};
+  if (is_gated(layer.activation) && !layer.fused_gate_up()) a.w3 = {w3.get(), DType::bf16, {E, n, d}};
   a.w2 = {w2.get(), DType::bf16, {E, d, n}};
+  if (layer.expert_bias) {
+    a.bias_up = {bias_up.get(), DType::bf16, {E, int64_t{layer.gate_parts()} * n}};
+    a.bias_down = {bias_down.get(), DType::bf16, {E, d}};
+  }
   a.y = {y.get(), DType::bf16, {T, d}};
   a.mode = mode;
   a.saved = saved.get();
@@ -102,9 +114,15 @@ BackwardArgs TimingWorkspace::backward_args(int r) const {
   b.w1 = f.w1;
   b.w3 = f.w3;
   b.w2 = f.w2;
+  b.bias_up = f.bias_up;
+  b.bias_down = f.bias_down;
+  if (layer.expert_bias) {
+    b.d_bias_up = {dbias_up.get(), DType::bf16, f.bias_up.shape};
+    b.d_bias_down = {dbias_down.get(), DType::bf16, f.bias_down.shape};
+  }
   b.dx = {dx.get(), DType::bf16, {T, d}};
-  b.dw1 = {dw1.get(), DType::bf16, {E, n, d}};
-  if (is_gated(layer.activation)) b.dw3 = {dw3.get(), DType::bf16, {E, n, d}};
+  b.dw1 = {dw1.get(), DType::bf16, w1_shape(layer)};
+  if (is_gated(layer.activation) && !layer.fused_gate_up()) b.dw3 = {dw3.get(), DType::bf16, {E, n, d}};
   b.dw2 = {dw2.get(), DType::bf16, {E, d, n}};
   b.d_topk_weights = {dgates.get(), DType::f32, {T, K}};
   if (layer.router != RouterKind::none) b.dw_router = {dwr.get(), DType::bf16, {E, d}};

@@ -29,6 +29,7 @@ struct TimingWorkspace {
   MemoryPlan plan;
   std::vector<DeviceBuffer> x, dy;  // one per rotation
   DeviceBuffer w1, w3, w2, wr, ids, gates, y, dx, dw1, dw3, dw2, dwr, dgates, saved, fscratch, bscratch;
+  DeviceBuffer bias_up, bias_down, dbias_up, dbias_down;  // layers with expert biases
   Stream stream;
 };
 

@@ -8,14 +8,18 @@ import ctypes
 import os
 from pathlib import Path
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # Codes of capi/c_api.h
 OK, ERR_INVALID_ARGUMENT, ERR_NO_GPU, ERR_CUDA, ERR_COMPILE, ERR_CACHE, ERR_OTHER = range(7)
 DTYPES = {"bf16": 0, "f32": 1, "i32": 2}
-ACTIVATIONS = {"swiglu": 0, "geglu": 1, "silu": 2, "gelu": 3, "relu": 4}
+# clamped_swiglu: GPT-OSS's, h = m sigmoid(1.702 m) (clamp(b, -7, 7) + 1), m = min(a, 7).
+ACTIVATIONS = {"swiglu": 0, "geglu": 1, "silu": 2, "gelu": 3, "relu": 4, "clamped_swiglu": 5}
+GATED = ("swiglu", "geglu", "clamped_swiglu")
 ROUTERS = {None: 0, "none": 0, "softmax": 1, "sigmoid": 2}
 MODES = {"save-h": 0, "recompute": 1}
+# "fused": one gate_up [E, 2n, d] (each expert's W1 rows, then its W3 rows), passed as w1.
+WEIGHT_LAYOUTS = {"separate": 0, "fused": 1}
 
 
 class MoeblazeError(RuntimeError):
@@ -46,7 +50,8 @@ class Tensor(ctypes.Structure):
 class LayerConfig(ctypes.Structure):
     _fields_ = [("experts", ctypes.c_int32), ("topk", ctypes.c_int32), ("hidden", ctypes.c_int32),
                 ("ffn", ctypes.c_int32), ("activation", ctypes.c_int32), ("router", ctypes.c_int32),
-                ("renormalize", ctypes.c_int32), ("route_scale", ctypes.c_float)]
+                ("renormalize", ctypes.c_int32), ("route_scale", ctypes.c_float), ("weight_layout", ctypes.c_int32),
+                ("expert_bias", ctypes.c_int32)]
 
 
 class MemoryPlan(ctypes.Structure):
@@ -63,12 +68,14 @@ _BWD_TENSORS = ["dy", "x", "topk_weights", "w_router", "router_bias", "w1", "w3"
 class ForwardArgs(ctypes.Structure):
     _fields_ = [(n, Tensor) for n in _FWD_TENSORS] + [
         ("mode", ctypes.c_int32), ("check_routing", ctypes.c_int32), ("saved", ctypes.c_uint64),
-        ("saved_bytes", ctypes.c_uint64), ("scratch", ctypes.c_uint64), ("scratch_bytes", ctypes.c_uint64)]
+        ("saved_bytes", ctypes.c_uint64), ("scratch", ctypes.c_uint64), ("scratch_bytes", ctypes.c_uint64),
+        ("bias_up", Tensor), ("bias_down", Tensor)]
 
 
 class BackwardArgs(ctypes.Structure):
     _fields_ = [(n, Tensor) for n in _BWD_TENSORS] + [
-        ("scratch", ctypes.c_uint64), ("scratch_bytes", ctypes.c_uint64)]
+        ("scratch", ctypes.c_uint64), ("scratch_bytes", ctypes.c_uint64), ("accumulate", ctypes.c_int32),
+        ("bias_up", Tensor), ("bias_down", Tensor), ("d_bias_up", Tensor), ("d_bias_down", Tensor)]
 
 
 class State(ctypes.Structure):
@@ -156,7 +163,8 @@ def check(code: int) -> None:
 
 
 def make_config(experts: int, topk: int, hidden: int, ffn: int, activation: str = "swiglu",
-                router: str | None = "softmax", renormalize: bool = False, route_scale: float = 1.0) -> LayerConfig:
+                router: str | None = "softmax", renormalize: bool = False, route_scale: float = 1.0,
+                weight_layout: str = "separate", expert_bias: bool = False) -> LayerConfig:
     from ._validate import INT32_MAX, check_int, check_real
     experts, topk = check_int("experts", experts, 1, INT32_MAX), check_int("topk", topk, 1, INT32_MAX)
     hidden, ffn = check_int("hidden", hidden, 1, INT32_MAX), check_int("ffn", ffn, 1, INT32_MAX)
@@ -165,8 +173,10 @@ def make_config(experts: int, topk: int, hidden: int, ffn: int, activation: str 
         raise InvalidArgument("activation", f"activation: '{activation}' is not one of {sorted(ACTIVATIONS)}")
     if router not in ROUTERS:
         raise InvalidArgument("router", f"router: '{router}' is not one of softmax, sigmoid, None")
+    if weight_layout not in WEIGHT_LAYOUTS:
+        raise InvalidArgument("weight_layout", f"weight_layout: '{weight_layout}' is not one of separate, fused")
     cfg = LayerConfig(experts, topk, hidden, ffn, ACTIVATIONS[activation], ROUTERS[router], int(bool(renormalize)),
-                      route_scale)
+                      route_scale, WEIGHT_LAYOUTS[weight_layout], int(bool(expert_bias)))
     check(lib.mb_config_validate(ctypes.byref(cfg)))
     return cfg
 

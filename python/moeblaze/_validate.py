@@ -85,7 +85,8 @@ def check_tensor(name: str, t: Optional[TensorInfo], dtype: str, shape: Sequence
 
 def check_moe_args(cfg, x: TensorInfo, topk_ids: Optional[TensorInfo], topk_weights: Optional[TensorInfo],
                    w_router: Optional[TensorInfo], router_bias: Optional[TensorInfo], w1: TensorInfo,
-                   w3: Optional[TensorInfo], w2: TensorInfo) -> int:
+                   w3: Optional[TensorInfo], w2: TensorInfo, bias_up: Optional[TensorInfo] = None,
+                   bias_down: Optional[TensorInfo] = None) -> int:
     """Checks the inputs of a forward for the layer config; returns T."""
     E, K, d, n = cfg.experts, cfg.topk, cfg.hidden, cfg.ffn
     if x is None:
@@ -110,11 +111,22 @@ def check_moe_args(cfg, x: TensorInfo, topk_ids: Optional[TensorInfo], topk_weig
             if cfg.router != 2:
                 raise InvalidArgument("router_bias", "router_bias: only the sigmoid router takes a bias")
             check_tensor("router_bias", router_bias, "f32", (E,), dev)
-    check_tensor("w1", w1, "bf16", (E, n, d), dev)
-    gated = cfg.activation in (0, 1)
-    if gated:
+    fused = getattr(cfg, "weight_layout", 0) == 1
+    check_tensor("w1", w1, "bf16", (E, 2 * n if fused else n, d), dev)
+    gated = cfg.activation in (0, 1, 5)
+    if fused:
+        if w3 is not None:
+            raise InvalidArgument("w3", "w3: given, but with a fused gate_up W3 is the second half of w1's rows")
+    elif gated:
         check_tensor("w3", w3, "bf16", (E, n, d), dev)
     elif w3 is not None:
         raise InvalidArgument("w3", "w3: given, but a plain activation uses w1 alone")
     check_tensor("w2", w2, "bf16", (E, d, n), dev)
+    if getattr(cfg, "expert_bias", 0):
+        check_tensor("bias_up", bias_up, "bf16", (E, (2 if gated else 1) * n), dev)
+        check_tensor("bias_down", bias_down, "bf16", (E, d), dev)
+    else:
+        for name, b in (("bias_up", bias_up), ("bias_down", bias_down)):
+            if b is not None:
+                raise InvalidArgument(name, f"{name}: given, but the layer has no expert biases")
     return T

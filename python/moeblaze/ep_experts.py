@@ -47,7 +47,8 @@ class MoeblazeExperts:
 
     def _cfg(self, w1: Tensor) -> list:
         E, n, d = w1.shape
-        return [E, 1, d, n, C.ACTIVATIONS[self.activation], 0, 0, self.tiles]
+        # ..., router none, no renormalisation, separate W1/W3, no expert biases, the tiles
+        return [E, 1, d, n, C.ACTIVATIONS[self.activation], 0, 0, 0, 0, self.tiles]
 
     def forward(self, rows: Tensor, expert_ids: Tensor, gates: Tensor, w1: Tensor, w3: Optional[Tensor],
                 w2: Tensor) -> Tuple[Tensor, Any]:
@@ -55,13 +56,13 @@ class MoeblazeExperts:
         ids = expert_ids.to(torch.int32).view(-1, 1)
         g = gates.to(torch.float32).reshape(-1, 1).contiguous()
         out, saved, state, _, _ = torch.ops.moeblaze.forward(rows.contiguous(), ids, g, None, None, w1, w3, w2,
-                                                             cfg, 1.0, self.mode)
+                                                             None, None, cfg, 1.0, self.mode)
         return out, (rows, g, w1, w3, w2, saved, state, cfg, gates.dtype)
 
     def backward(self, state: Any, d_out: Tensor):
         rows, g, w1, w3, w2, saved, st, cfg, gate_dtype = state
-        dx, dw1, dw3, dw2, dg, _ = torch.ops.moeblaze.backward(d_out.contiguous(), rows, g, None, None, w1, w3, w2,
-                                                               saved, st, cfg, 1.0)
+        dx, dw1, dw3, dw2, dg, _, _, _ = torch.ops.moeblaze.backward(d_out.contiguous(), rows, g, None, None, w1, w3,
+                                                                     w2, None, None, saved, st, cfg, 1.0)
         return dx, dg.view(-1).to(gate_dtype), dw1, dw3 if w3 is not None else None, dw2
 
 

@@ -10,7 +10,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+# GPT-OSS's clamped SwiGLU: h = glu(min(a, L)) * (clamp(b, -L, L) + 1), glu(a) = a sigmoid(alpha a).
+CLAMPED_SWIGLU_ALPHA, CLAMPED_SWIGLU_LIMIT = 1.702, 7.0
+GATED = ("swiglu", "geglu", "clamped_swiglu")
+
+
 def activation(name: str, a: Tensor) -> Tensor:
+    if name == "clamped_swiglu":
+        a = a.clamp(max=CLAMPED_SWIGLU_LIMIT)
+        return a * torch.sigmoid(CLAMPED_SWIGLU_ALPHA * a)
     if name in ("swiglu", "silu"):
         return F.silu(a)
     if name in ("geglu", "gelu"):
@@ -37,12 +45,25 @@ def route(x: Tensor, w_router: Tensor, top_k: int, router: str = "softmax", reno
     return ids.int(), gates * route_scale
 
 
+def up_part(name: str, b: Tensor) -> Tensor:
+    """The up (W3) factor of a gated activation: b, or GPT-OSS's clamp(b, -L, L) + 1."""
+    if name == "clamped_swiglu":
+        return b.clamp(-CLAMPED_SWIGLU_LIMIT, CLAMPED_SWIGLU_LIMIT) + 1
+    return b
+
+
 def moe(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor,
-        act: str = "swiglu") -> Tensor:
+        act: str = "swiglu", bias_up: Optional[Tensor] = None, bias_down: Optional[Tensor] = None) -> Tensor:
     """y = sum_j g_tj * expert_{e_tj}(x_t), computed per expert with masks and index_add in
-    float32 (inputs upcast), differentiable in every input."""
+    float32 (inputs upcast), differentiable in every input. A gated activation with w3=None
+    reads w1 as the fused gate_up [E, 2n, d] (each expert's W1 rows, then its W3 rows).
+    bias_up [E, G*n] ([gate | up] per expert) is added to A (and B), bias_down [E, d] to o."""
     T, d = x.shape
     E = w1.shape[0]
+    n = w2.shape[2]
+    if w3 is None and act in GATED:  # fused gate_up
+        w1, w3 = w1[:, :n], w1[:, n:]
+    gated = w3 is not None  # act(A) * up(B) with any activation, as given
     xf = x.float()
     y = torch.zeros(T, d, dtype=torch.float32, device=x.device)
     for e in range(E):
@@ -51,8 +72,18 @@ def moe(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor, w3: Optio
             continue
         xe = xf[tok]
         a = xe @ w1[e].float().t()
-        h = activation(act, a) * (xe @ w3[e].float().t()) if w3 is not None else activation(act, a)
+        if bias_up is not None:
+            a = a + bias_up[e, :n].float()
+        if gated:
+            b = xe @ w3[e].float().t()
+            if bias_up is not None:
+                b = b + bias_up[e, n:].float()
+            h = activation(act, a) * up_part(act, b)
+        else:
+            h = activation(act, a)
         o = h @ w2[e].float().t()
+        if bias_down is not None:
+            o = o + bias_down[e].float()
         y = y.index_add(0, tok, o * topk_weights[tok, slot].float().unsqueeze(-1))
     return y
 

@@ -2,10 +2,13 @@
 
 - `moe(...)`: functional form (caller's routing or the built-in router).
 - `MoE(...)`: nn.Module with weights in the Hugging Face layout (w1/w3 [E, n, d], w2 [E, d, n]).
-- Both run as torch.library custom ops ("moeblaze::forward", "moeblaze::backward"): opaque to
-  torch.compile, on the current CUDA stream, with saved state and scratch allocated through
-  torch (its memory accounting sees them; autograd frees them), and without host syncs, so a
-  step can be captured in a CUDA graph.
+- Both run as torch.library custom ops ("moeblaze::forward", "moeblaze::backward",
+  "moeblaze::backward_accumulate"): opaque to torch.compile, on the current CUDA stream, with
+  saved state and scratch allocated through torch (its memory accounting sees them; autograd
+  frees them), and without host syncs, so a step can be captured in a CUDA graph.
+- Weight gradients accumulate in the GEMM epilogues: when every expert weight already has a
+  bf16 `.grad` (micro-batches), or a Megatron-style fp32 `main_grad`, the backward adds into it
+  and hands autograd no gradient for that weight (no fresh gradient tensor, no add kernel).
 """
 from __future__ import annotations
 
@@ -36,7 +39,10 @@ def _ref(t: Optional[Tensor]) -> C.Tensor:
 
 
 def _config(cfg: Sequence[int], route_scale: float) -> C.LayerConfig:
-    return C.LayerConfig(*[int(v) for v in cfg[:7]], float(route_scale))
+    # cfg: experts, topk, hidden, ffn, activation, router, renormalize[, weight_layout, expert_bias[,
+    # default_tiles]]
+    extra = [int(v) for v in cfg[7:9]] + [0] * (9 - max(len(cfg), 7))
+    return C.LayerConfig(*[int(v) for v in cfg[:7]], float(route_scale), *extra)
 
 
 # One loaded layer per (config, device, token bucket): kernels come tuned from the cache.
@@ -74,8 +80,9 @@ def _layer(cfg: C.LayerConfig, device: int, tokens: int, default_tiles: bool = F
 
 
 def _default_tiles(cfg: Sequence[int]) -> bool:
-    """cfg's optional 8th entry: 1 runs the default tiles (see _layer)."""
-    return len(cfg) > 7 and bool(cfg[7])
+    """cfg's optional 10th entry (after weight_layout and expert_bias): 1 runs the default
+    tiles (see _layer)."""
+    return len(cfg) > 9 and bool(cfg[9])
 
 
 def _release_layers() -> None:
@@ -102,13 +109,14 @@ def _empty(dtype=torch.float32, device="cuda") -> Tensor:
 
 @torch.library.custom_op("moeblaze::forward", mutates_args=(), device_types="cuda")
 def _forward(x: Tensor, topk_ids: Optional[Tensor], topk_weights: Optional[Tensor], w_router: Optional[Tensor],
-             router_bias: Optional[Tensor], w1: Tensor, w3: Optional[Tensor], w2: Tensor, cfg: List[int],
-             route_scale: float, mode: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+             router_bias: Optional[Tensor], w1: Tensor, w3: Optional[Tensor], w2: Tensor, bias_up: Optional[Tensor],
+             bias_down: Optional[Tensor], cfg: List[int], route_scale: float,
+             mode: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Returns y [T,d], saved state (uint8), the forward state (uint8, host), tokens per
     expert (int32 [E]) and the built-in router's gates (f32 [T,K], empty otherwise)."""
     c = _config(cfg, route_scale)
     T = check_moe_args(c, _info(x), _info(topk_ids), _info(topk_weights), _info(w_router), _info(router_bias),
-                       _info(w1), _info(w3), _info(w2))
+                       _info(w1), _info(w3), _info(w2), _info(bias_up), _info(bias_down))
     dev = x.device.index if x.device.index is not None else 0
     h = _layer(c, dev, T, _default_tiles(cfg))
     plan = C.MemoryPlan()
@@ -119,7 +127,8 @@ def _forward(x: Tensor, topk_ids: Optional[Tensor], topk_weights: Optional[Tenso
     gates = torch.empty(T, c.topk, dtype=torch.float32, device=x.device) if c.router else _empty(device=x.device)
     a = C.ForwardArgs()
     for name, t in (("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights), ("w_router", w_router),
-                    ("router_bias", router_bias), ("w1", w1), ("w3", w3), ("w2", w2), ("y", y)):
+                    ("router_bias", router_bias), ("w1", w1), ("w3", w3), ("w2", w2), ("y", y),
+                    ("bias_up", bias_up), ("bias_down", bias_down)):
         setattr(a, name, _ref(t))
     if c.router:
         a.gates_out = _ref(gates)
@@ -137,7 +146,7 @@ def _forward(x: Tensor, topk_ids: Optional[Tensor], topk_weights: Optional[Tenso
 
 
 @_forward.register_fake
-def _(x, topk_ids, topk_weights, w_router, router_bias, w1, w3, w2, cfg, route_scale, mode):
+def _(x, topk_ids, topk_weights, w_router, router_bias, w1, w3, w2, bias_up, bias_down, cfg, route_scale, mode):
     T = x.shape[0]
     plan = C.plan_memory(_config(cfg, route_scale), T, "save-h" if mode == 0 else "recompute")
     gates = x.new_empty((T, cfg[1]), dtype=torch.float32) if cfg[5] else x.new_empty((0,), dtype=torch.float32)
@@ -145,12 +154,11 @@ def _(x, topk_ids, topk_weights, w_router, router_bias, w1, w3, w2, cfg, route_s
             torch.empty(_STATE_BYTES, dtype=torch.uint8), x.new_empty((cfg[0],), dtype=torch.int32), gates)
 
 
-@torch.library.custom_op("moeblaze::backward", mutates_args=(), device_types="cuda")
-def _backward(dy: Tensor, x: Tensor, topk_weights: Optional[Tensor], w_router: Optional[Tensor],
-              router_bias: Optional[Tensor], w1: Tensor, w3: Optional[Tensor], w2: Tensor, saved: Tensor,
-              state: Tensor, cfg: List[int], route_scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Returns dx, dw1, dw3 (empty if plain), dw2, d_topk_weights (empty with the built-in
-    router), dw_router (empty without it)."""
+def _launch_backward(dy, x, topk_weights, w_router, router_bias, w1, w3, w2, bias_up, bias_down, saved, state, cfg,
+                     route_scale, dw1, dw3, dw2, dbu, dbd, accumulate: bool):
+    """The C ABI backward into the given weight and bias gradients (added to when `accumulate`
+    or fp32); returns dx, d_topk_weights (empty with the built-in router), dw_router (empty
+    without)."""
     c = _config(cfg, route_scale)
     st = C.State()
     ctypes.memmove(ctypes.addressof(st), state.data_ptr(), _STATE_BYTES)
@@ -163,54 +171,153 @@ def _backward(dy: Tensor, x: Tensor, topk_weights: Optional[Tensor], w_router: O
     C.check(C.lib.mb_layer_plan_memory(h, T, st.mode, ctypes.byref(plan)))
     scratch = torch.empty(plan.backward_scratch_bytes, dtype=torch.uint8, device=x.device)
     dx = torch.empty_like(x)
-    dw1 = torch.empty_like(w1)
-    dw3 = torch.empty_like(w3) if w3 is not None else _empty(torch.bfloat16, x.device)
-    dw2 = torch.empty_like(w2)
     dtw = torch.empty(T, c.topk, dtype=torch.float32, device=x.device) if not c.router else _empty(device=x.device)
     dwr = torch.empty_like(w_router) if w_router is not None else _empty(torch.bfloat16, x.device)
     b = C.BackwardArgs()
     for name, t in (("dy", dy), ("x", x), ("topk_weights", topk_weights), ("w_router", w_router),
                     ("router_bias", router_bias), ("w1", w1), ("w3", w3), ("w2", w2), ("dx", dx), ("dw1", dw1),
-                    ("dw3", dw3), ("dw2", dw2), ("d_topk_weights", dtw), ("dw_router", dwr)):
+                    ("dw3", dw3), ("dw2", dw2), ("d_topk_weights", dtw), ("dw_router", dwr), ("bias_up", bias_up),
+                    ("bias_down", bias_down), ("d_bias_up", dbu), ("d_bias_down", dbd)):
         setattr(b, name, _ref(t))
     b.scratch, b.scratch_bytes = scratch.data_ptr(), plan.backward_scratch_bytes
+    b.accumulate = int(bool(accumulate))
     stream = torch.cuda.current_stream(x.device).cuda_stream
     C.check(C.lib.mb_layer_backward(h, ctypes.byref(st), ctypes.byref(b), stream))
-    return dx, dw1, dw3, dw2, dtw, dwr
+    return dx, dtw, dwr
+
+
+@torch.library.custom_op("moeblaze::backward", mutates_args=(), device_types="cuda")
+def _backward(dy: Tensor, x: Tensor, topk_weights: Optional[Tensor], w_router: Optional[Tensor],
+              router_bias: Optional[Tensor], w1: Tensor, w3: Optional[Tensor], w2: Tensor, bias_up: Optional[Tensor],
+              bias_down: Optional[Tensor], saved: Tensor, state: Tensor, cfg: List[int],
+              route_scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Returns dx, dw1, dw3 (empty if plain or fused), dw2, d_topk_weights (empty with the
+    built-in router), dw_router (empty without it), d_bias_up, d_bias_down (empty without
+    expert biases)."""
+    empty = _empty(torch.bfloat16, x.device)
+    dw1 = torch.empty_like(w1)
+    dw3 = torch.empty_like(w3) if w3 is not None else empty
+    dw2 = torch.empty_like(w2)
+    dbu = torch.empty_like(bias_up) if bias_up is not None else empty
+    dbd = torch.empty_like(bias_down) if bias_down is not None else empty
+    dx, dtw, dwr = _launch_backward(dy, x, topk_weights, w_router, router_bias, w1, w3, w2, bias_up, bias_down,
+                                    saved, state, cfg, route_scale, dw1, dw3, dw2, dbu, dbd, False)
+    return dx, dw1, dw3, dw2, dtw, dwr, dbu, dbd
 
 
 @_backward.register_fake
-def _(dy, x, topk_weights, w_router, router_bias, w1, w3, w2, saved, state, cfg, route_scale):
+def _(dy, x, topk_weights, w_router, router_bias, w1, w3, w2, bias_up, bias_down, saved, state, cfg, route_scale):
     empty_f = x.new_empty((0,), dtype=torch.float32)
     empty_b = x.new_empty((0,))
-    return (torch.empty_like(x), torch.empty_like(w1), torch.empty_like(w3) if w3 is not None else empty_b,
-            torch.empty_like(w2), x.new_empty((x.shape[0], cfg[1]), dtype=torch.float32) if not cfg[5] else empty_f,
-            torch.empty_like(w_router) if w_router is not None else empty_b)
+
+    def like(t):
+        return torch.empty_like(t) if t is not None else empty_b
+    return (torch.empty_like(x), torch.empty_like(w1), like(w3), torch.empty_like(w2),
+            x.new_empty((x.shape[0], cfg[1]), dtype=torch.float32) if not cfg[5] else empty_f, like(w_router),
+            like(bias_up), like(bias_down))
+
+
+@torch.library.custom_op("moeblaze::backward_accumulate", mutates_args=("dw1", "dw3", "dw2", "dbu", "dbd"),
+                         device_types="cuda")
+def _backward_accumulate(dy: Tensor, x: Tensor, topk_weights: Optional[Tensor], w_router: Optional[Tensor],
+                         router_bias: Optional[Tensor], w1: Tensor, w3: Optional[Tensor], w2: Tensor,
+                         bias_up: Optional[Tensor], bias_down: Optional[Tensor], saved: Tensor, state: Tensor,
+                         cfg: List[int], route_scale: float, dw1: Tensor, dw3: Optional[Tensor], dw2: Tensor,
+                         dbu: Optional[Tensor], dbd: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    """The backward with the weight (and bias) gradients added into dw1/dw3/dw2/dbu/dbd (all
+    bf16, or all fp32) by the epilogues. Returns dx, d_topk_weights, dw_router as _backward."""
+    return _launch_backward(dy, x, topk_weights, w_router, router_bias, w1, w3, w2, bias_up, bias_down, saved, state,
+                            cfg, route_scale, dw1, dw3, dw2, dbu, dbd, True)
+
+
+@_backward_accumulate.register_fake
+def _(dy, x, topk_weights, w_router, router_bias, w1, w3, w2, bias_up, bias_down, saved, state, cfg, route_scale,
+      dw1, dw3, dw2, dbu, dbd):
+    empty_f = x.new_empty((0,), dtype=torch.float32)
+    return (torch.empty_like(x), x.new_empty((x.shape[0], cfg[1]), dtype=torch.float32) if not cfg[5] else empty_f,
+            torch.empty_like(w_router) if w_router is not None else x.new_empty((0,)))
+
+
+_W1, _BIAS_UP = 5, 8  # positions of w1 and bias_up among the forward op's inputs
 
 
 def _setup_context(ctx, inputs, output):
-    x, topk_ids, topk_weights, w_router, router_bias, w1, w3, w2, cfg, route_scale, mode = inputs
+    x, topk_ids, topk_weights, w_router, router_bias, w1, w3, w2, bias_up, bias_down, cfg, route_scale, mode = inputs
     _, saved, state, _, _ = output
-    ctx.save_for_backward(x, topk_weights, w_router, router_bias, w1, w3, w2, saved, state)
+    ctx.save_for_backward(x, topk_weights, w_router, router_bias, w1, w3, w2, bias_up, bias_down, saved, state)
     ctx.cfg, ctx.route_scale, ctx.mode = cfg, route_scale, mode
     # By default autograd hands backward a zero tensor for every output without a gradient,
     # here the whole saved buffer (1.8 GiB on mixtral-8x7b) in the middle of the step.
     ctx.set_materialize_grads(False)
 
 
+_fused_accumulation = True
+
+
+def set_fused_accumulation(enabled: bool) -> None:
+    """Whether the backward adds into existing .grad / main_grad in its epilogues (default on).
+    Off: it always returns fresh gradients and autograd accumulates them (allocating a
+    gradient-sized tensor and running an add per weight); for comparison, or for hooks that
+    expect to see every gradient (tensor hooks registered with register_hook)."""
+    global _fused_accumulation
+    _fused_accumulation = bool(enabled)
+
+
+def _accumulation_target(w: Tensor) -> Optional[Tensor]:
+    """Where w's gradient can be added in place: its fp32 `main_grad` (Megatron's convention),
+    else its bf16 `.grad`; None when neither fits. Only for a plain leaf weight seen eagerly:
+    under torch.compile the backward is traced with functional tensors, and a DTensor (FSDP2's
+    sharded parameter) has its gradient reduced by FSDP, so both take the store path."""
+    if type(w) not in (torch.Tensor, torch.nn.Parameter) or not w.is_leaf:
+        return None
+    main = getattr(w, "main_grad", None)
+    if isinstance(main, torch.Tensor):
+        ok = main.dtype == torch.float32 and main.shape == w.shape and main.is_contiguous() and main.device == w.device
+        return main if ok else None
+    g = w.grad
+    if g is None or g.dtype != torch.bfloat16 or g.shape != w.shape or not g.is_contiguous() or g.requires_grad:
+        return None
+    return g
+
+
+def _accumulation_targets(weights: Sequence[Optional[Tensor]]) -> Optional[List[Optional[Tensor]]]:
+    """The tensors to add the gradients of `weights` (w1, w3, w2, bias_up, bias_down; None where
+    absent) into, when every weight has a target of one kind (all fp32 main_grad, or all bf16
+    .grad); else None (the backward returns fresh gradients to autograd)."""
+    if not _fused_accumulation or torch.is_grad_enabled():  # create_graph=True: gradients are graph outputs
+        return None
+    present = [w for w in weights if w is not None]
+    targets = [_accumulation_target(w) for w in present]
+    if any(t is None for t in targets) or len({t.dtype for t in targets}) != 1:
+        return None
+    if targets[0].dtype == torch.float32:
+        for w in present:
+            if hasattr(w, "grad_added_to_main_grad"):
+                w.grad_added_to_main_grad = True
+    it = iter(targets)
+    return [next(it) if w is not None else None for w in weights]
+
+
 def _autograd_backward(ctx, dy, _dsaved, _dstate, _dcounts, _dgates):
     if dy is None:  # y did not reach the loss: no gradient flows through the layer
-        return (None,) * 11
+        return (None,) * 13
     # In save-h mode the backward writes dH over the saved H (peak memory): one backward per forward.
     if ctx.mode == 0 and getattr(ctx, "consumed", False):
         raise RuntimeError("moeblaze: this forward's saved activations were consumed by an earlier backward "
                            "(dH is written over them); run the forward again instead of retain_graph=True")
     ctx.consumed = True
-    x, topk_weights, w_router, router_bias, w1, w3, w2, saved, state = ctx.saved_tensors
-    dx, dw1, dw3, dw2, dtw, dwr = _backward(dy.contiguous(), x, topk_weights, w_router, router_bias, w1, w3, w2,
-                                            saved, state, ctx.cfg, ctx.route_scale)
-    return (dx, None, dtw if topk_weights is not None else None, dwr if w_router is not None else None, None, dw1,
-            dw3 if w3 is not None else None, dw2, None, None, None)
+    x, topk_weights, w_router, router_bias, w1, w3, w2, bias_up, bias_down, saved, state = ctx.saved_tensors
+    args = (dy.contiguous(), x, topk_weights, w_router, router_bias, w1, w3, w2, bias_up, bias_down, saved, state,
+            ctx.cfg, ctx.route_scale)
+    targets = _accumulation_targets((w1, w3, w2, bias_up, bias_down)) if ctx.needs_input_grad[_W1] else None
+    if targets is not None:
+        dx, dtw, dwr = torch.ops.moeblaze.backward_accumulate(*args, *targets)
+        dw1 = dw3 = dw2 = dbu = dbd = None  # already added into .grad / main_grad
+    else:
+        dx, dw1, dw3, dw2, dtw, dwr, dbu, dbd = _backward(*args)
+    present = lambda t, g: g if t is not None else None  # noqa: E731
+    return (dx, None, present(topk_weights, dtw), present(w_router, dwr), None, dw1, present(w3, dw3), dw2,
+            present(bias_up, dbu), present(bias_down, dbd), None, None, None)
 
 
 torch.library.register_autograd("moeblaze::forward", _autograd_backward, setup_context=_setup_context)
@@ -222,16 +329,19 @@ class MoEOutput(NamedTuple):
     gates: Tensor          # f32 [T, K]: the built-in router's gates (empty with caller routing)
 
 
-def _cfg_list(experts, topk, hidden, ffn, activation, router, renormalize,
-              names=("experts", "topk", "hidden", "ffn")) -> List[int]:
+def _cfg_list(experts, topk, hidden, ffn, activation, router, renormalize, weight_layout="separate",
+              expert_bias=False, names=("experts", "topk", "hidden", "ffn")) -> List[int]:
     """The config as the custom ops take it; each count checked to fit a C int (ctypes would
     otherwise cut 2**32 + 8 to 8) under the caller's name for it."""
     if activation not in C.ACTIVATIONS:
         raise C.InvalidArgument("activation", f"activation: '{activation}' is not one of {sorted(C.ACTIVATIONS)}")
     if router not in C.ROUTERS:
         raise C.InvalidArgument("router", f"router: '{router}' is not one of softmax, sigmoid, None")
+    if weight_layout not in C.WEIGHT_LAYOUTS:
+        raise C.InvalidArgument("weight_layout", f"weight_layout: '{weight_layout}' is not one of separate, fused")
     counts = [check_int(name, v, 1, INT32_MAX) for name, v in zip(names, (experts, topk, hidden, ffn))]
-    return counts + [C.ACTIVATIONS[activation], C.ROUTERS[router], int(bool(renormalize))]
+    return counts + [C.ACTIVATIONS[activation], C.ROUTERS[router], int(bool(renormalize)),
+                     C.WEIGHT_LAYOUTS[weight_layout], int(bool(expert_bias))]
 
 
 def _check_devices(**tensors) -> None:
@@ -245,18 +355,30 @@ def _check_devices(**tensors) -> None:
 def moe(x: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor, *, topk_ids: Optional[Tensor] = None,
         topk_weights: Optional[Tensor] = None, w_router: Optional[Tensor] = None, router: Optional[str] = None,
         top_k: Optional[int] = None, router_bias: Optional[Tensor] = None, renormalize: bool = False,
-        route_scale: float = 1.0, activation: str = "swiglu", checkpoint: str = "save-h") -> MoEOutput:
+        route_scale: float = 1.0, activation: str = "swiglu", checkpoint: str = "save-h",
+        bias_up: Optional[Tensor] = None, bias_down: Optional[Tensor] = None) -> MoEOutput:
     """The MoE layer. Caller routing: topk_ids [T,K] int32 and topk_weights [T,K] float32 (the
     gate gradient flows back to them, so the caller's router trains). Built-in router: w_router
-    [E,d], router="softmax" or "sigmoid" and top_k. x [T,d] bf16, w1/w3 [E,n,d], w2 [E,d,n] bf16."""
+    [E,d], router="softmax" or "sigmoid" and top_k. x [T,d] bf16, w1/w3 [E,n,d], w2 [E,d,n] bf16.
+    With a gated activation and w3=None, w1 is the fused gate_up [E,2n,d] (each expert's W1 rows,
+    then its W3 rows: Hugging Face's gate_up_proj), read in place; its gradient has its layout.
+    Expert biases (GPT-OSS; both or neither): bias_up [E, G*n] ([gate | up] per expert, added to
+    A and B), bias_down [E, d] (added to each expert's output before the gate)."""
     if checkpoint not in C.MODES:
         raise C.InvalidArgument("checkpoint", f"checkpoint: '{checkpoint}' is not one of save-h, recompute")
     _check_devices(x=x, w1=w1, w3=w3, w2=w2, topk_ids=topk_ids, topk_weights=topk_weights, w_router=w_router,
-                   router_bias=router_bias)
+                   router_bias=router_bias, bias_up=bias_up, bias_down=bias_down)
     route_scale = check_real("route_scale", route_scale, 0.0, 1e6, positive=True)
     if w1.dim() != 3:
         raise C.InvalidArgument("w1", f"w1: must be [E, n, d], got shape {list(w1.shape)}")
-    E, n, d = w1.shape
+    if w2.dim() != 3:
+        raise C.InvalidArgument("w2", f"w2: must be [E, d, n], got shape {list(w2.shape)}")
+    E, n, d = w2.shape[0], w2.shape[2], w2.shape[1]
+    fused = w3 is None and activation in C.GATED
+    if tuple(w1.shape) != (E, 2 * n if fused else n, d):
+        want = "[E, 2n, d] (a fused gate_up: w3 is None)" if fused else "[E, n, d]"
+        raise C.InvalidArgument("w1", f"w1: must be {want} = {[E, 2 * n if fused else n, d]} for w2 of shape "
+                                      f"{list(w2.shape)}, got {list(w1.shape)}")
     if w_router is not None and router is None:
         router = "softmax"
     if topk_ids is not None:
@@ -267,9 +389,14 @@ def moe(x: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor, *, topk_ids: Op
         K = check_int("top_k", top_k, 1, INT32_MAX)
     else:
         raise C.InvalidArgument("topk_ids", "topk_ids: pass the caller's picks, or top_k with the built-in router")
-    cfg = _cfg_list(E, K, d, n, activation, router, renormalize)
+    if (bias_up is None) != (bias_down is None):
+        missing = "bias_down" if bias_down is None else "bias_up"
+        raise C.InvalidArgument(missing, f"{missing}: expert biases come in pairs (bias_up and bias_down)")
+    cfg = _cfg_list(E, K, d, n, activation, router, renormalize, "fused" if fused else "separate",
+                    bias_up is not None)
     y, _, _, counts, gates = torch.ops.moeblaze.forward(x, topk_ids, topk_weights, w_router, router_bias, w1, w3,
-                                                        w2, cfg, float(route_scale), C.MODES[checkpoint])
+                                                        w2, bias_up, bias_down, cfg, float(route_scale),
+                                                        C.MODES[checkpoint])
     return MoEOutput(y, counts, gates)
 
 
@@ -297,7 +424,7 @@ class MoE(torch.nn.Module):
         self.route_scale, self.checkpoint, self.activation, self.router = float(route_scale), checkpoint, activation, router
         kw = dict(device=device, dtype=dtype)
         self.w1 = torch.nn.Parameter(torch.empty(num_experts, ffn, hidden, **kw))
-        self.w3 = torch.nn.Parameter(torch.empty(num_experts, ffn, hidden, **kw)) if activation in ("swiglu", "geglu") else None
+        self.w3 = torch.nn.Parameter(torch.empty(num_experts, ffn, hidden, **kw)) if activation in C.GATED else None
         self.w2 = torch.nn.Parameter(torch.empty(num_experts, hidden, ffn, **kw))
         self.gate = torch.nn.Linear(hidden, num_experts, bias=False, **kw) if router else None
         if router == "sigmoid":
@@ -328,7 +455,7 @@ class MoE(torch.nn.Module):
             raise C.InvalidArgument("topk_ids", "topk_ids: a layer without router needs topk_ids and topk_weights")
         y, _, _, counts, gates = torch.ops.moeblaze.forward(
             x, topk_ids, topk_weights, self.gate.weight if self.gate is not None else None, self.e_score_correction_bias,
-            self.w1, self.w3, self.w2, self.cfg, self.route_scale, C.MODES[self.checkpoint])
+            self.w1, self.w3, self.w2, None, None, self.cfg, self.route_scale, C.MODES[self.checkpoint])
         return MoEOutput(y.reshape(*lead, y.shape[-1]), counts, gates)
 
     def extra_repr(self) -> str:

@@ -23,7 +23,10 @@ MB_DEV float sigmoid(float a) { return rcp_approx(1.f + __expf(-a)); }
 
 template <Activation ACT>
 MB_DEV float act_fwd(float a) {
-  if constexpr (ACT == Activation::swiglu || ACT == Activation::silu) {
+  if constexpr (ACT == Activation::clamped_swiglu) {
+    a = fminf(a, kClampedSwigluLimit);
+    return a * sigmoid(kClampedSwigluAlpha * a);
+  } else if constexpr (ACT == Activation::swiglu || ACT == Activation::silu) {
     return a * sigmoid(a);
   } else if constexpr (ACT == Activation::geglu || ACT == Activation::gelu) {
     const float k0 = 0.7978845608028654f, k1 = 0.044715f;
@@ -34,7 +37,11 @@ MB_DEV float act_fwd(float a) {
 }
 template <Activation ACT>
 MB_DEV float act_grad(float a) {
-  if constexpr (ACT == Activation::swiglu || ACT == Activation::silu) {
+  if constexpr (ACT == Activation::clamped_swiglu) {
+    // min(a, limit) passes the gradient up to and including the limit (torch.clamp's rule).
+    const float s = sigmoid(kClampedSwigluAlpha * a);
+    return a > kClampedSwigluLimit ? 0.f : s * (1.f + kClampedSwigluAlpha * a * (1.f - s));
+  } else if constexpr (ACT == Activation::swiglu || ACT == Activation::silu) {
     const float s = sigmoid(a);  // shared with act_fwd's (the compiler merges the two)
     return s * (1.f + a * (1.f - s));
   } else if constexpr (ACT == Activation::geglu || ACT == Activation::gelu) {
@@ -45,6 +52,39 @@ MB_DEV float act_grad(float a) {
   } else {
     return a > 0.f ? 1.f : 0.f;
   }
+}
+
+// act(a) and act'(a) together. The clamped SwiGLU's two share one sigmoid (of alpha min(a, L):
+// where a > L the derivative is 0 anyway); computed apart they took two, and the persistent
+// down_dgrad epilogue spilled.
+template <Activation ACT>
+MB_DEV void act_fwd_grad(float a, float& f, float& df) {
+  if constexpr (ACT == Activation::clamped_swiglu) {
+    const float m = fminf(a, kClampedSwigluLimit);
+    const float s = sigmoid(kClampedSwigluAlpha * m);
+    f = m * s;
+    df = a > kClampedSwigluLimit ? 0.f : s * (1.f + kClampedSwigluAlpha * m * (1.f - s));
+  } else {
+    f = act_fwd<ACT>(a);
+    df = act_grad<ACT>(a);
+  }
+}
+
+// The up (W3) factor of a gated activation and its derivative: b and 1, or GPT-OSS's
+// clamp(b, -limit, limit) + 1 (gradient inside the closed interval).
+template <Activation ACT>
+MB_DEV float act_up(float b) {
+  if constexpr (ACT == Activation::clamped_swiglu)
+    return fminf(fmaxf(b, -kClampedSwigluLimit), kClampedSwigluLimit) + 1.f;
+  else
+    return b;
+}
+template <Activation ACT>
+MB_DEV float act_up_grad(float b) {
+  if constexpr (ACT == Activation::clamped_swiglu)
+    return b >= -kClampedSwigluLimit && b <= kClampedSwigluLimit ? 1.f : 0.f;
+  else
+    return 1.f;
 }
 
 }  // namespace moeblaze

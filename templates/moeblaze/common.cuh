@@ -16,14 +16,30 @@ namespace moeblaze {
 
 typedef long long i64;
 
-// Expert activation. The gated ones (swiglu, geglu) use two up matrices W1 (gate) and
-// W3 (up): h = act(x W1^T) * (x W3^T). The plain ones use W1 alone: h = act(x W1^T).
-// gelu is the tanh approximation everywhere (host reference included).
-enum class Activation : int { swiglu = 0, geglu = 1, silu = 2, gelu = 3, relu = 4 };
+// Expert activation. The gated ones (swiglu, geglu, clamped_swiglu) use two up matrices W1
+// (gate) and W3 (up): h = act(x W1^T) * up(x W3^T), up(b) = b. The plain ones use W1 alone:
+// h = act(x W1^T). gelu is the tanh approximation everywhere (host reference included).
+// clamped_swiglu is GPT-OSS's: act(a) = a' sigmoid(alpha a') with a' = min(a, limit), and
+// up(b) = clamp(b, -limit, limit) + 1, alpha = 1.702, limit = 7 (kClampedSwigluAlpha/Limit).
+enum class Activation : int { swiglu = 0, geglu = 1, silu = 2, gelu = 3, relu = 4, clamped_swiglu = 5 };
+
+constexpr float kClampedSwigluAlpha = 1.702f;
+constexpr float kClampedSwigluLimit = 7.f;
 
 MB_HD constexpr bool is_gated(Activation a) {
-  return a == Activation::swiglu || a == Activation::geglu;
+  return a == Activation::swiglu || a == Activation::geglu || a == Activation::clamped_swiglu;
 }
+
+// How W1 and W3 are stored. separate: two [E,n,d] tensors. fused_gate_up: one [E,2n,d]
+// tensor holding each expert's W1 rows, then its W3 rows (the gate_up_proj of Hugging Face
+// MoE models): W3 starts n rows after W1 and both step 2n rows from expert to expert. Their
+// gradients are written in the same layout. Gated activations only.
+enum class WeightLayout : int { separate = 0, fused_gate_up = 1 };
+
+// How the weight-gradient GEMMs write dW. store_bf16 overwrites a bf16 gradient; add_f32 adds
+// into an fp32 buffer (a trainer's main gradient); add_bf16 adds into the bf16 gradient already
+// there (gradient accumulation over micro-batches, with no separate add kernel).
+enum class GradOutput : int { store_bf16 = 0, add_f32 = 1, add_bf16 = 2 };
 
 // Built-in router. none: the caller passes topk ids and weights.
 // softmax_topk: p = softmax(x W_r^T); pick the K largest p; gate = p (optionally

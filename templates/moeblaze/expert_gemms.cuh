@@ -4,7 +4,10 @@
 // config asks for (gemm/mainloop.cuh) fed by row sources (gemm/rows.cuh, TMA sources in
 // gemm/tma_loaders.cuh), and its epilogue (gemm/epilogue/, one file each).
 // Shape parameters are compiled in: E experts, K picks, D model width, N expert width,
-// ACT activation. G = 2 for gated activations ([A|B] side by side), else 1.
+// ACT activation. G = 2 for gated activations ([A|B] side by side), else 1. W_ROWS: rows of
+// one expert in the W1/W3 storage (and in dW1/dW3): N for two [E,N,D] tensors, 2N for the
+// fused gate_up [E,2N,D] (WeightLayout::fused_gate_up; the host passes W3 = W1 + N*D).
+// BIAS: per-expert biases (GPT-OSS) on the up-projection (before H) and the down-projection.
 #pragma once
 #include "moeblaze/activation.cuh"
 #include "moeblaze/gemm/epilogue/dact_gate.cuh"
@@ -21,8 +24,8 @@ namespace moeblaze {
 
 // ---- forward: up-projection ------------------------------------------------------------
 // Per expert e: [A|B] = gather(x) [W1_e; W3_e]^T, x read once for both matrices.
-// Writes H = [A|B] (when saved) and h = act(A) * B (when the down-projection needs it).
-template <class Cfg, int E, int D, int N, Activation ACT>
+// Writes H = [A|B] (when saved) and h = act(A) * up(B) (when the down-projection needs it).
+template <class Cfg, int E, int D, int N, Activation ACT, int W_ROWS, bool BIAS>
 MB_DEV void up_proj(const UpProjArgs& p) {
   constexpr int G = gate_parts<ACT>();
   static_assert(Cfg::NB == G, "gated activations stack W1 and W3 tiles");
@@ -34,15 +37,15 @@ MB_DEV void up_proj(const UpProjArgs& p) {
     if (!pair.valid) return false;
     const gemm::SlotTile t = gemm::cluster_half<Cfg>(pair);
     const bf16_t* x = static_cast<const bf16_t*>(p.x);
-    const i64 w_off = (static_cast<i64>(t.expert) * N + t.n0) * D;
+    const i64 w_off = (static_cast<i64>(t.expert) * W_ROWS + t.n0) * D;
     const int n_rows = N - t.n0 < Cfg::BN ? N - t.n0 : Cfg::BN;
     const gemm::Rows a{x, p.rv.expert_token_indices + t.slot0, t.rows, D, D};
     float acc[Cfg::NB][Cfg::MT][Cfg::NT][4];
-    if constexpr (Cfg::TMA) {  // W1/W3 rows [e*N + n0, +BN) of the [E*N, D] maps (rows past N: unused columns)
+    if constexpr (Cfg::TMA) {  // W1/W3 rows [e*W_ROWS + n0, +BN) of the maps (rows past N: unused columns)
       gemm::TmaRows<G> b;
       b.map[0] = &p.tma_w1;
       if constexpr (G == 2) b.map[G - 1] = &p.tma_w3;
-      b.row = t.expert * N + t.n0;
+      b.row = t.expert * W_ROWS + t.n0;
       gemm::run_mainloop<Cfg, true, true>(acc, a, b, D, gemm::dynamic_smem(), pipe, role);
     } else {
       const gemm::TwoPartRows b{static_cast<const bf16_t*>(p.w1) + w_off,
@@ -52,14 +55,15 @@ MB_DEV void up_proj(const UpProjArgs& p) {
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
 
-    gemm::store_gate_up<Cfg, N, ACT>(acc, t, p);
+    gemm::store_gate_up<Cfg, N, ACT, BIAS>(acc, t, p);
     return true;
   });
 }
 
 // ---- forward: down-projection ------------------------------------------------------------
-// o = h W2_e^T per slot (expert-major order); the gate is applied by the combine.
-template <class Cfg, int E, int D, int N>
+// o = h W2_e^T (+ the expert's bias) per slot (expert-major order); the gate is applied by the
+// combine.
+template <class Cfg, int E, int D, int N, bool BIAS>
 MB_DEV void down_proj(const DownProjArgs& p) {
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
     const gemm::SlotTile pair =
@@ -83,7 +87,7 @@ MB_DEV void down_proj(const DownProjArgs& p) {
       gemm::run_mainloop<Cfg, true, true>(acc, a, b, N, gemm::dynamic_smem(), pipe, role);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
-    gemm::store_slot_rows<Cfg, D>(acc, static_cast<bf16_t*>(p.o), t);
+    gemm::store_slot_rows<Cfg, D, BIAS>(acc, static_cast<bf16_t*>(p.o), t, p.bias);
     return true;
   });
 }
@@ -155,15 +159,15 @@ MB_DEV void down_wgrad(const WgradArgs& p) {
       gemm::run_mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem(), pipe, role);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
-    if constexpr (Cfg::TSTORE) {  // bf16 gradients: staged, stored by TMA (tma_out0: this chunk's columns)
-      if (!p.accumulate_fp32) {
+    if constexpr (Cfg::TSTORE) {  // stored bf16 gradients: staged, stored by TMA (tma_out0: this chunk's columns)
+      if (p.grad_output == static_cast<int>(GradOutput::store_bf16)) {
         gemm::tma_store_tile<Cfg>(acc, gemm::StoreTarget{&p.tma_out0, w.m0, w.n0, w.expert});
         return true;
       }
     }
-    const int elem = p.accumulate_fp32 ? 4 : 2;
+    const int elem = gemm::grad_bytes(p.grad_output);
     char* out = static_cast<char*>(p.out0);
-    gemm::store_wgrad<Cfg>(acc, D - w.m0, n_cols - w.n0, col0 + w.n0, p.accumulate_fp32, [&](int r) -> void* {
+    gemm::store_wgrad<Cfg>(acc, D - w.m0, n_cols - w.n0, col0 + w.n0, p.grad_output, [&](int r) -> void* {
       return out + ((static_cast<i64>(w.expert) * D + w.m0 + r) * N) * elem;
     });
     return true;
@@ -171,7 +175,7 @@ MB_DEV void down_wgrad(const WgradArgs& p) {
 }
 
 // [dW1_e; dW3_e] = [dA|dB]^T gather(x): M = G*N rows of dH, N = D.
-template <class Cfg, int E, int D, int N, Activation ACT>
+template <class Cfg, int E, int D, int N, Activation ACT, int W_ROWS>
 MB_DEV void up_wgrad(const WgradArgs& p) {
   constexpr int G = gate_parts<ACT>();
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
@@ -192,27 +196,27 @@ MB_DEV void up_wgrad(const WgradArgs& p) {
       gemm::run_mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem(), pipe, role);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
-    if constexpr (Cfg::TSTORE) {  // bf16 gradients: staged, stored by TMA into dW1 or dW3
+    if constexpr (Cfg::TSTORE) {  // stored bf16 gradients: staged, stored by TMA into dW1 or dW3
       // A tile straddling dW1 | dW3 (n % BM != 0: one per expert and column of tiles) keeps
       // the direct stores below: its dW3 part would start at a negative row of dW3's map, and
       // TMA stores at negative coordinates stopped the GPU with an illegal instruction (partial
       // boxes at the far edges store fine: the ragged-column grad-checks pass).
       const bool straddles = G == 2 && w.m0 < N && w.m0 + Cfg::BM > N;
-      if (!p.accumulate_fp32 && !straddles) {
+      if (p.grad_output == static_cast<int>(GradOutput::store_bf16) && !straddles) {
         const bool dw3 = w.m0 >= N;
         gemm::tma_store_tile<Cfg>(acc, gemm::StoreTarget{dw3 ? &p.tma_out1 : &p.tma_out0, dw3 ? w.m0 - N : w.m0,
                                                          w.n0, w.expert});
         return true;
       }
     }
-    const int elem = p.accumulate_fp32 ? 4 : 2;
+    const int elem = gemm::grad_bytes(p.grad_output);
     char* out0 = static_cast<char*>(p.out0);
     char* out1 = static_cast<char*>(p.out1);
-    gemm::store_wgrad<Cfg>(acc, G * N - w.m0, D - w.n0, w.n0, p.accumulate_fp32, [&](int r) -> void* {
+    gemm::store_wgrad<Cfg>(acc, G * N - w.m0, D - w.n0, w.n0, p.grad_output, [&](int r) -> void* {
       const int m = w.m0 + r;
       char* base = m < N ? out0 : out1;
       const int row = m < N ? m : m - N;
-      return base + ((static_cast<i64>(w.expert) * N + row) * D) * elem;
+      return base + ((static_cast<i64>(w.expert) * W_ROWS + row) * D) * elem;
     });
     return true;
   });
@@ -220,7 +224,7 @@ MB_DEV void up_wgrad(const WgradArgs& p) {
 
 // ---- backward: up-projection dgrad ---------------------------------------------------------
 // dx per slot = [dA|dB] [W1_e; W3_e] (one GEMM, reduction G*N); token sums come after.
-template <class Cfg, int E, int D, int N, Activation ACT>
+template <class Cfg, int E, int D, int N, Activation ACT, int W_ROWS>
 MB_DEV void up_dgrad(const UpDgradArgs& p) {
   constexpr int G = gate_parts<ACT>();
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
@@ -228,7 +232,7 @@ MB_DEV void up_dgrad(const UpDgradArgs& p) {
     if (!pair.valid) return false;
     const gemm::SlotTile t = gemm::cluster_half<Cfg>(pair);
     const bf16_t* dH = static_cast<const bf16_t*>(p.dH);
-    const i64 w_off = static_cast<i64>(t.expert) * N * D + t.n0;
+    const i64 w_off = static_cast<i64>(t.expert) * W_ROWS * D + t.n0;
     const gemm::Rows a{dH + static_cast<i64>(t.slot0) * (G * N), nullptr, t.rows, G * N, G * N};
     const gemm::TwoPartRows b{static_cast<const bf16_t*>(p.w1) + w_off,
                               G == 2 ? static_cast<const bf16_t*>(p.w3) + w_off : nullptr,
@@ -239,7 +243,7 @@ MB_DEV void up_dgrad(const UpDgradArgs& p) {
       gemm::TmaMnWeights<G> bt;
       bt.map[0] = &p.tma_w1;
       if constexpr (G == 2) bt.map[G - 1] = &p.tma_w3;
-      bt.row_base = t.expert * N;
+      bt.row_base = t.expert * W_ROWS;
       bt.split = N;
       bt.col0 = t.n0;
       gemm::run_mainloop<Cfg, true, false>(acc, at, bt, G * N, gemm::dynamic_smem(), pipe, role);

@@ -80,6 +80,7 @@ struct UpProjArgs {      // forward and backward-recompute up-projection
   TmaMap tma_w1, tma_w3;  // TMA tiles only: W1, W3 as [E*n, d], box [BN rows][64 k]
   int slot_lo, slot_hi;   // slot_hi > 0: only the slots [slot_lo, slot_hi) (a forward chunk);
                           // h holds their rows from row 0 (h row = slot - slot_lo)
+  const void* bias;       // BIAS layers: [E, G*n] bf16, [gate | up] per expert, added before H
 };
 
 struct DownProjArgs {
@@ -90,6 +91,7 @@ struct DownProjArgs {
   TmaMap tma_w2;         // TMA tiles only: W2 as [E*d, n], box [BN rows][64 k]
   int slot_lo, slot_hi;  // slot_hi > 0: only the slots [slot_lo, slot_hi); h row = slot - slot_lo
   TmaMap tma_h;          // TMA tiles only: h as [rows of the h buffer, n], box [BM rows][64 k]
+  const void* bias;      // BIAS layers: [E, d] bf16, added to o
 };
 
 struct CombineArgs {     // y_t = sum_j g_tj * rows[token_index_map[t,j]]; also dx gather-sum
@@ -128,7 +130,7 @@ struct WgradArgs {       // dW = sum over an expert's slots of A^T B (both gathe
   const void* b;         // down: hg [T*K,n]; up: x [T,d]
   void* out0;            // down: dW2 [E,d,n]; up: dW1 [E,n,d]
   void* out1;            // up gated: dW3 [E,n,d]
-  int accumulate_fp32;   // 1: out are fp32 buffers and results are added; 0: bf16 stores
+  int grad_output;       // GradOutput: bf16 stores, or results added into fp32 / bf16 buffers
   int n_col0, n_cols;    // down wgrad, n_cols > 0: only dW2 columns [n_col0, +n_cols), whose hg
   int b_ld;              // (a column chunk of down_dgrad's) has rows b_ld apart
   TmaMap tma_a, tma_b;   // TMA tiles only: up wgrad's dH as [T*K, G*n]; down wgrad's hg as
@@ -145,6 +147,24 @@ struct UpDgradArgs {
   void* dxs;             // [T*K, d] per-slot dx
   TmaMap tma_dh;         // TMA tiles only: dH as [T*K, G*n], box [BM rows][64 k]
   TmaMap tma_w1, tma_w3;  // TMA tiles only: W1, W3 as [E*n, d], boxes [64 k][64 columns]
+};
+
+// ---- expert biases (BIAS layers) -----------------------------------------------------------
+struct BiasGradArgs {    // per-expert column sums over the expert's slots, in slot order
+  RoutingView rv;
+  const void* dH;        // [T*K, G*n] (after down_dgrad): d_bias_up[e] = sum of the slots' dH rows
+  const void* dy;        // [T,d]: d_bias_down[e] = sum of the slots' g * dy rows
+  void* d_bias_up;       // [E, G*n] out
+  void* d_bias_down;     // [E, d] out
+  int grad_output;       // GradOutput, as the weight gradients
+};
+
+struct GateBiasGradArgs {  // d_gates[t,j] += <dy_t, bias_down[e_tj]>: o's bias part of dL/dg
+  const int* token_expert_indices;  // [T*K]
+  const void* dy;                   // [T,d]
+  const void* bias_down;            // [E,d]
+  i64 slots;                        // T*K
+  float* d_gates;                   // [T*K] token-major, added to
 };
 
 // ---- router GEMMs (dense, one group) ------------------------------------------------------

@@ -27,10 +27,17 @@ ExpertGrads expert_weight_grad_rows(const ExpertWeights& w, const bf16* x, const
     }
   const int64_t S = static_cast<int64_t>(tok.size());
   const int64_t base = static_cast<int64_t>(expert) * n * d;
+  const int64_t gn = (gated ? 2 : 1) * n;
   ExpertGrads g;
   g.dw1.assign(R * d, 0.0);
   if (gated) g.dw3.assign(R * d, 0.0);
   g.dw2.assign(d * R, 0.0);
+  if (w.b_up) {
+    g.d_bias_up.assign((gated ? 2 : 1) * R, 0.0);
+    g.d_bias_down.assign(d, 0.0);
+    for (int64_t s = 0; s < S; ++s)  // sum of g dy over the expert's slots
+      for (int64_t c = 0; c < d; ++c) g.d_bias_down[c] += gate[s] * to_float(dy[tok[s] * d + c]);
+  }
   // Each thread owns a set of rows r: no shared writes, slots summed in order.
   auto work = [&](int64_t r0, int64_t r1) {
     std::vector<double> w1r(d), w3r(d), w2c(d), xr(d), dyr(d);
@@ -50,11 +57,20 @@ ExpertGrads expert_weight_grad_rows(const ExpertWeights& w, const bf16* x, const
           if (gated) b += xr[c] * w3r[c];
           u += dyr[c] * w2c[c];
         }
+        if (w.b_up) {
+          a += to_float(w.b_up[expert * gn + i]);
+          if (gated) b += to_float(w.b_up[expert * gn + n + i]);
+        }
         const double act = activation(w.act, a), dact = activation_grad(w.act, a);
-        const double h = gated ? act * b : act;
+        const double up = gated ? up_factor(w.act, b) : 1.0;
+        const double h = act * up;
         const double dh = gate[s] * u;
-        const double da = gated ? dh * b * dact : dh * dact;
-        const double db = dh * act;
+        const double da = dh * up * dact;
+        const double db = gated ? dh * act * up_factor_grad(w.act, b) : 0.0;
+        if (w.b_up) {
+          g.d_bias_up[r] += da;
+          if (gated) g.d_bias_up[R + r] += db;
+        }
         for (int64_t c = 0; c < d; ++c) {
           g.dw1[r * d + c] += da * xr[c];
           if (gated) g.dw3[r * d + c] += db * xr[c];

@@ -225,7 +225,8 @@ void check_weights(const ExpertWeights& w) {
   require(w.w1 != nullptr, "ExpertWeights: w1 is null");
   require(w.w2 != nullptr, "ExpertWeights: w2 is null");
   require(!is_gated(w.act) || w.w3 != nullptr, "ExpertWeights: w3 is null for a gated activation");
-  require(int(w.act) >= 0 && int(w.act) <= 4, "ExpertWeights: act is not an Activation");
+  require(int(w.act) >= 0 && int(w.act) <= 5, "ExpertWeights: act is not an Activation");
+  require((w.b_up == nullptr) == (w.b_down == nullptr), "ExpertWeights: give both biases or neither");
 }
 
 void check_request(const ExpertWeights& w, const bf16* x, const int32_t* ids, const double* gates,
@@ -333,10 +334,19 @@ UpResult up_pass(const ExpertWeights& w, const SlotSet& set) {
     r.b.assign(S * n, 0.0);
     nt_pass(set, w.w3, n, w.d, set.x, r.b.data());
   }
+  if (w.b_up) {  // [gate | up] biases of each slot's expert
+    const int64_t gn = (gated ? 2 : 1) * n;
+    for (size_t k = 0; k < set.experts.size(); ++k)
+      for (int64_t s = set.begin[k]; s < set.begin[k + 1]; ++s)
+        for (int64_t i = 0; i < n; ++i) {
+          r.a[s * n + i] += to_float(w.b_up[set.experts[k] * gn + i]);
+          if (gated) r.b[s * n + i] += to_float(w.b_up[set.experts[k] * gn + n + i]);
+        }
+  }
   r.h.resize(S * n);
   parallel_tasks(S, [&](int64_t s) {
     for (int64_t i = s * n; i < (s + 1) * n; ++i)
-      r.h[i] = activation(w.act, r.a[i]) * (gated ? r.b[i] : 1.0);
+      r.h[i] = activation(w.act, r.a[i]) * (gated ? up_factor(w.act, r.b[i]) : 1.0);
   });
   return r;
 }
@@ -347,8 +357,8 @@ struct BackResult {
   std::vector<double> da, db;  // [S, n] (db empty when not gated)
 };
 
-// Backward up to dA, dB: recomputed A, B, h, then u = dy W2, dg = <u, h> (= <dy, o>),
-// dh = g u, dA = dh B act'(A) (plain: dh act'(A)), dB = dh act(A).
+// Backward up to dA, dB: recomputed A, B, h, then u = dy W2, dg = <u, h> (+ <dy, b_down>: = <dy, o>),
+// dh = g u, dA = dh up(B) act'(A) (plain: dh act'(A)), dB = dh act(A) up'(B).
 BackResult back_pass(const ExpertWeights& w, const SlotSet& set) {
   const int64_t S = set.size(), n = w.n;
   const bool gated = is_gated(w.act);
@@ -363,10 +373,14 @@ BackResult back_pass(const ExpertWeights& w, const SlotSet& set) {
     for (int64_t i = s * n; i < (s + 1) * n; ++i) r.dg[s] += u[i] * r.up.h[i];
     for (int64_t i = s * n; i < (s + 1) * n; ++i) {
       const double dh = set.gate[s] * u[i], a = r.up.a[i];
-      r.da[i] = dh * (gated ? r.up.b[i] : 1.0) * activation_grad(w.act, a);
-      if (gated) r.db[i] = dh * activation(w.act, a);
+      r.da[i] = dh * (gated ? up_factor(w.act, r.up.b[i]) : 1.0) * activation_grad(w.act, a);
+      if (gated) r.db[i] = dh * activation(w.act, a) * up_factor_grad(w.act, r.up.b[i]);
     }
   });
+  if (w.b_down)
+    for (size_t k = 0; k < set.experts.size(); ++k)
+      for (int64_t s = set.begin[k]; s < set.begin[k + 1]; ++s)
+        for (int64_t c = 0; c < w.d; ++c) r.dg[s] += set.dy[s][c] * to_float(w.b_down[set.experts[k] * w.d + c]);
   return r;
 }
 
@@ -443,6 +457,9 @@ void for_each_token(const RouterSpec& spec, const double* logits, int64_t T, int
 // ---- activations --------------------------------------------------------------------------
 
 const double gelu_c = std::sqrt(2.0 / std::numbers::pi);  // gelu is the tanh approximation
+// GPT-OSS's constants in double (the device's floats are these, rounded).
+constexpr double clamp_alpha = 1.702, clamp_limit = 7.0;
+static_assert(float(clamp_alpha) == kClampedSwigluAlpha && float(clamp_limit) == kClampedSwigluLimit);
 
 double activation(Activation act, double a) {
   switch (act) {
@@ -451,8 +468,22 @@ double activation(Activation act, double a) {
     case Activation::geglu:
     case Activation::gelu: return 0.5 * a * (1.0 + std::tanh(gelu_c * (a + 0.044715 * a * a * a)));
     case Activation::relu: return a > 0 ? a : 0.0;
+    case Activation::clamped_swiglu: {
+      const double m = std::min(a, clamp_limit);
+      return m * sigmoid(clamp_alpha * m);
+    }
   }
   fail("act: not an Activation value");
+}
+
+double up_factor(Activation act, double b) {
+  if (act != Activation::clamped_swiglu) return b;
+  return std::clamp(b, -clamp_limit, clamp_limit) + 1.0;
+}
+
+double up_factor_grad(Activation act, double b) {
+  if (act != Activation::clamped_swiglu) return 1.0;
+  return b >= -clamp_limit && b <= clamp_limit ? 1.0 : 0.0;
 }
 
 double activation_grad(Activation act, double a) {
@@ -468,6 +499,11 @@ double activation_grad(Activation act, double a) {
       return 0.5 * (1.0 + th) + 0.5 * a * (1.0 - th * th) * gelu_c * (1.0 + 3 * 0.044715 * a * a);
     }
     case Activation::relu: return a > 0 ? 1.0 : 0.0;  // relu'(0) = 0
+    case Activation::clamped_swiglu: {  // min(a, L) passes the gradient up to and including L
+      if (a > clamp_limit) return 0.0;
+      const double k = clamp_alpha, s = sigmoid(k * a);
+      return s * (1.0 + k * a * (1.0 - s));
+    }
   }
   fail("act: not an Activation value");
 }
@@ -606,10 +642,17 @@ SlotForward slot_forward(const ExpertWeights& w, const bf16* x_row, int expert) 
       f.a[i] += double(to_float(x_row[c])) * to_float(w.w1[base + i * d + c]);
       if (gated) f.b[i] += double(to_float(x_row[c])) * to_float(w.w3[base + i * d + c]);
     }
-    f.h[i] = activation(w.act, f.a[i]) * (gated ? f.b[i] : 1.0);
+    if (w.b_up) {
+      const int64_t gn = (gated ? 2 : 1) * n;
+      f.a[i] += to_float(w.b_up[expert * gn + i]);
+      if (gated) f.b[i] += to_float(w.b_up[expert * gn + n + i]);
+    }
+    f.h[i] = activation(w.act, f.a[i]) * (gated ? up_factor(w.act, f.b[i]) : 1.0);
   }
-  for (int64_t c = 0; c < d; ++c)
+  for (int64_t c = 0; c < d; ++c) {
     for (int64_t i = 0; i < n; ++i) f.o[c] += f.h[i] * to_float(w.w2[base + c * n + i]);
+    if (w.b_down) f.o[c] += to_float(w.b_down[expert * d + c]);
+  }
   return f;
 }
 
@@ -621,8 +664,12 @@ std::vector<double> forward_rows(const ExpertWeights& w, const bf16* x, const in
   SlotSet set;
   const auto position = group_slots(ids, gates, K, tokens, w.E, xrows.data(), nullptr, d, set);
   const UpResult up = up_pass(w, set);
-  std::vector<double> o(set.size() * d, 0.0);  // o = h W2^T per slot
+  std::vector<double> o(set.size() * d, 0.0);  // o = h W2^T (+ b_down) per slot
   nt_pass(set, w.w2, d, w.n, row_ptrs(up.h, w.n), o.data());
+  if (w.b_down)
+    for (size_t k = 0; k < set.experts.size(); ++k)
+      for (int64_t s = set.begin[k]; s < set.begin[k + 1]; ++s)
+        for (int64_t c = 0; c < d; ++c) o[s * d + c] += to_float(w.b_down[set.experts[k] * d + c]);
   std::vector<double> y(tokens.size() * d, 0.0);
   parallel_tasks(int64_t(tokens.size()), [&](int64_t i) {
     for (int j = 0; j < K; ++j) {  // y_t = sum_j g_tj o_tj, in pick order
@@ -700,6 +747,17 @@ ExpertGrads expert_weight_grads(const ExpertWeights& w, const bf16* x, const bf1
                           {g.dw2.data(), d, n, gdyp.data(), h.data(), S}};
   if (gated) jobs.push_back({g.dw3.data(), n, d, db.data(), set.x.data(), S});
   run_jobs(jobs);
+  if (w.b_up) {  // d b_up = sum over slots of [dA | dB], d b_down = sum of g dy
+    g.d_bias_up.assign((gated ? 2 : 1) * n, 0.0);
+    g.d_bias_down.assign(d, 0.0);
+    for (int64_t s = 0; s < S; ++s) {
+      for (int64_t i = 0; i < n; ++i) {
+        g.d_bias_up[i] += b.da[s * n + i];
+        if (gated) g.d_bias_up[n + i] += b.db[s * n + i];
+      }
+      for (int64_t c = 0; c < d; ++c) g.d_bias_down[c] += gdy[s * d + c];
+    }
+  }
   return g;
 }
 

@@ -7,9 +7,11 @@
 //   x [T,d], W_r [E,d], W1/W3 [E,n,d], W2 [E,d,n], all bf16, row-major.
 //   Slot (t,j), j < K, is token t's j-th pick; picks are ordered by descending
 //   selection score, ties broken towards the lower expert id.
-//   A = x_t W1_e^T, B = x_t W3_e^T (n each); h = act(A) * B (gated) or act(A);
-//   o = h W2_e^T (d); y_t = sum_j g_tj o_tj.
+//   A = x_t W1_e^T (+ b_up[e, :n]), B = x_t W3_e^T (+ b_up[e, n:]) (n each);
+//   h = act(A) * up(B) (gated; up(B) = B except clamped_swiglu) or act(A);
+//   o = h W2_e^T (+ b_down[e]) (d); y_t = sum_j g_tj o_tj.
 //   gelu is the tanh approximation: 0.5 a (1 + tanh(sqrt(2/pi) (a + 0.044715 a^3))).
+//   clamped_swiglu (GPT-OSS): act(a) = m sigmoid(1.702 m), m = min(a, 7); up(b) = clamp(b, -7, 7) + 1.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -22,6 +24,8 @@ namespace moeblaze::reference {
 // ---- activations -------------------------------------------------------------------
 double activation(Activation act, double a);             // act(a) (the gate part)
 double activation_grad(Activation act, double a);        // d act / d a
+double up_factor(Activation act, double b);              // up(b) (the W3 part of a gated activation)
+double up_factor_grad(Activation act, double b);         // d up / d b
 
 // ---- index structures (docs/design.md "Index arrays") ---------------------------
 struct IndexArrays {
@@ -65,6 +69,8 @@ struct ExpertWeights {
   const bf16* w2 = nullptr;  // [E,d,n]
   int E = 0, d = 0, n = 0;
   Activation act = Activation::swiglu;
+  const bf16* b_up = nullptr;    // [E, G*n] or nullptr: [gate | up] biases of each expert
+  const bf16* b_down = nullptr;  // [E, d] or nullptr
 };
 
 // Per-slot forward values for one token-expert pair.
@@ -90,6 +96,8 @@ struct ExpertGrads {
   std::vector<double> dw1;  // [n*d]
   std::vector<double> dw3;  // [n*d] (empty when not gated)
   std::vector<double> dw2;  // [d*n]
+  std::vector<double> d_bias_up;    // [G*n] (rows variant: [G*rows], gate rows then up rows); empty without biases
+  std::vector<double> d_bias_down;  // [d]; empty without biases
 };
 // Weight gradients of one expert, summing over every slot (t,j) with ids[t*K+j] == expert.
 ExpertGrads expert_weight_grads(const ExpertWeights& w, const bf16* x, const bf16* dy,

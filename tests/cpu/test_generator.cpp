@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <array>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -41,7 +42,10 @@ TEST_CASE("generator: every kernel of every suite shape compiles for sm_90a with
     if (!p.in_suite) continue;
     SUBCASE(p.name.c_str()) {
       const auto specs = layer_kernel_specs(p.layer, "sm_90a");
-      CHECK(specs.size() == all_families().size());  // suite shapes use the built-in router
+      size_t runs = 0;
+      for (KernelFamily f : all_families()) runs += family_runs(f, p.layer);
+      CHECK(specs.size() == runs);
+      CHECK(runs == all_families().size() - 2);  // suite shapes: the built-in router, no expert biases
       check_compiled_without_spills(compile_all(specs));
     }
   }
@@ -96,6 +100,64 @@ TEST_CASE("generator: every activation and router variant compiles (caller routi
       }
     }
   }
+}
+
+TEST_CASE("generator: the up-side kernels of a fused gate_up layer compile and are named apart") {
+  // The Hugging Face gate_up [E,2n,d]: W1/W3 step 2n rows per expert. Defaults (TMA where
+  // legal) and the cp.async tiles, n a multiple of 64 and not.
+  for (const auto& sh : {std::array<int, 4>{128, 8, 2048, 768}, std::array<int, 4>{8, 2, 200, 136}}) {
+    LayerConfig l;
+    l.shape = {sh[0], sh[1], sh[2], sh[3]};
+    l.weight_layout = WeightLayout::fused_gate_up;
+    SUBCASE(fmt::format("E={} n={}", sh[0], sh[3]).c_str()) {
+      std::vector<KernelSpec> picked;
+      for (const auto& s : layer_kernel_specs(l, "sm_90a"))
+        if (s.family == KernelFamily::up_proj || s.family == KernelFamily::up_wgrad ||
+            s.family == KernelFamily::up_dgrad) {
+          picked.push_back(s);
+          LayerConfig separate = l;
+          separate.weight_layout = WeightLayout::separate;
+          const KernelSpec other{s.family, separate, s.tile, s.arch};
+          CHECK(s.name() != other.name());
+          CHECK(s.name().find("_fused") != std::string::npos);
+          // The expert stride is compiled in: 2n rows.
+          CHECK(generate(s).source.text.find(fmt::format("swiglu, {}", 2 * sh[3])) != std::string::npos);
+        }
+      REQUIRE(picked.size() == 3);
+      check_compiled_without_spills(compile_all(picked));
+    }
+  }
+}
+
+TEST_CASE("generator: GPT-OSS's experts (clamped SwiGLU, expert biases, fused gate_up) compile without spills") {
+  // The suite's gpt-oss-20b shape and a small one; the kernels the activation and the biases
+  // change, and the two bias-gradient kernels (which only such layers run).
+  for (const auto& sh : {std::array<int, 4>{32, 4, 2880, 2880}, std::array<int, 4>{8, 2, 128, 64}}) {
+    LayerConfig l;
+    l.shape = {sh[0], sh[1], sh[2], sh[3]};
+    l.activation = Activation::clamped_swiglu;
+    l.weight_layout = WeightLayout::fused_gate_up;
+    l.expert_bias = true;
+    SUBCASE(fmt::format("E={} d={} n={}", sh[0], sh[2], sh[3]).c_str()) {
+      CHECK(l.describe().find("clamped_swiglu") != std::string::npos);
+      CHECK(l.describe().find(" bias") != std::string::npos);
+      std::vector<KernelSpec> picked;
+      for (const auto& s : layer_kernel_specs(l, "sm_90a"))
+        if (s.family == KernelFamily::up_proj || s.family == KernelFamily::down_proj ||
+            s.family == KernelFamily::down_dgrad || s.family == KernelFamily::bias_grad ||
+            s.family == KernelFamily::gate_bias_grad)
+          picked.push_back(s);
+      REQUIRE(picked.size() == 5);
+      for (const auto& s : picked)
+        if (s.family == KernelFamily::up_proj || s.family == KernelFamily::down_proj)
+          CHECK(s.name().find("_bias") != std::string::npos);
+      check_compiled_without_spills(compile_all(picked));
+    }
+  }
+  LayerConfig plain;
+  plain.shape = {8, 2, 128, 64};
+  for (const auto& s : layer_kernel_specs(plain, "sm_90a"))  // no biases: no bias kernels
+    CHECK((s.family != KernelFamily::bias_grad && s.family != KernelFamily::gate_bias_grad));
 }
 
 TEST_CASE("generator: the silu-family epilogues compute the sigmoid without an IEEE division") {

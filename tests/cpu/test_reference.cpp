@@ -22,7 +22,7 @@ using moeblaze::RouterKind;
 namespace {
 
 const Activation kActivations[] = {Activation::swiglu, Activation::geglu, Activation::silu, Activation::gelu,
-                                   Activation::relu};
+                                   Activation::relu,   Activation::clamped_swiglu};
 
 // Random bf16 values in [-scale, scale], never (near) zero, and their exact double values.
 void random_bf16(std::mt19937_64& rng, size_t count, double scale, std::vector<bf16>& b, std::vector<double>& d) {
@@ -63,8 +63,17 @@ double local_act(Activation act, double a) {
     case Activation::geglu:
     case Activation::gelu: return 0.5 * a * (1.0 + std::tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)));
     case Activation::relu: return std::max(a, 0.0);
+    case Activation::clamped_swiglu: {  // GPT-OSS: min(a, 7) sigmoid(1.702 min(a, 7))
+      const double m = std::min(a, 7.0);
+      return m / (1.0 + std::exp(-1.702 * m));
+    }
   }
   return 0;
+}
+
+// The up factor of a gated activation: b, or GPT-OSS's clamp(b, -7, 7) + 1.
+double local_up(Activation act, double b) {
+  return act == Activation::clamped_swiglu ? std::max(-7.0, std::min(b, 7.0)) + 1.0 : b;
 }
 
 // One MoE layer problem: bf16 inputs plus exact double copies (which the finite
@@ -76,15 +85,23 @@ struct Problem {
   std::vector<double> xd, w1d, w3d, w2d, wrd, dyd;
   std::vector<int32_t> ids;
   std::vector<double> gates;
+  std::vector<bf16> bu, bd;     // expert biases [E, G*n], [E, d] (empty: none)
+  std::vector<double> bud, bdd;
   bool gated() const { return moeblaze::is_gated(act); }
   ref::ExpertWeights weights() const {
-    return {w1.data(), gated() ? w3.data() : nullptr, w2.data(), E, d, n, act};
+    return {w1.data(), gated() ? w3.data() : nullptr, w2.data(), E, d, n, act,
+            bu.empty() ? nullptr : bu.data(), bd.empty() ? nullptr : bd.data()};
+  }
+  void add_biases(uint64_t seed, double scale) {
+    std::mt19937_64 rng(seed);
+    random_bf16(rng, size_t(E) * (gated() ? 2 : 1) * n, scale, bu, bud);
+    random_bf16(rng, size_t(E) * d, scale, bd, bdd);
   }
 };
 
 Problem make_problem(uint64_t seed, int T, int E, int K, int d, int n, Activation act) {
   std::mt19937_64 rng(seed);
-  Problem p{T, E, K, d, n, act, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+  Problem p{T, E, K, d, n, act, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   random_bf16(rng, size_t(T) * d, 1.0, p.x, p.xd);
   random_bf16(rng, size_t(E) * n * d, 2.0 / std::sqrt(d), p.w1, p.w1d);
   if (p.gated()) random_bf16(rng, size_t(E) * n * d, 2.0 / std::sqrt(d), p.w3, p.w3d);
@@ -101,15 +118,22 @@ Problem make_problem(uint64_t seed, int T, int E, int K, int d, int n, Activatio
 void local_slot(const Problem& p, int t, int e, std::vector<double>& a, std::vector<double>& b,
                 std::vector<double>& h, std::vector<double>& o) {
   a.assign(p.n, 0.0), b.assign(p.n, 0.0), h.assign(p.n, 0.0), o.assign(p.d, 0.0);
+  const size_t gn = size_t(p.gated() ? 2 : 1) * p.n;
   for (int i = 0; i < p.n; ++i) {
     for (int c = 0; c < p.d; ++c) {
       a[i] += p.xd[size_t(t) * p.d + c] * p.w1d[(size_t(e) * p.n + i) * p.d + c];
       if (p.gated()) b[i] += p.xd[size_t(t) * p.d + c] * p.w3d[(size_t(e) * p.n + i) * p.d + c];
     }
-    h[i] = local_act(p.act, a[i]) * (p.gated() ? b[i] : 1.0);
+    if (!p.bud.empty()) {
+      a[i] += p.bud[e * gn + i];
+      if (p.gated()) b[i] += p.bud[e * gn + p.n + i];
+    }
+    h[i] = local_act(p.act, a[i]) * (p.gated() ? local_up(p.act, b[i]) : 1.0);
   }
-  for (int c = 0; c < p.d; ++c)
+  for (int c = 0; c < p.d; ++c) {
     for (int i = 0; i < p.n; ++i) o[c] += p.w2d[(size_t(e) * p.d + c) * p.n + i] * h[i];
+    if (!p.bdd.empty()) o[c] += p.bdd[size_t(e) * p.d + c];
+  }
 }
 
 std::vector<double> local_forward(const Problem& p, const std::vector<double>& gates) {
@@ -188,6 +212,8 @@ ref::ExpertGrads all_weight_grads(const Problem& p) {
     all.dw1.insert(all.dw1.end(), g.dw1.begin(), g.dw1.end());
     all.dw3.insert(all.dw3.end(), g.dw3.begin(), g.dw3.end());
     all.dw2.insert(all.dw2.end(), g.dw2.begin(), g.dw2.end());
+    all.d_bias_up.insert(all.d_bias_up.end(), g.d_bias_up.begin(), g.d_bias_up.end());
+    all.d_bias_down.insert(all.d_bias_down.end(), g.d_bias_down.begin(), g.d_bias_down.end());
   }
   return all;
 }
@@ -451,6 +477,64 @@ TEST_CASE("reference: expert gradients match finite differences") {
     CHECK(rel(wg.dw2, central_diff(p.w2d, loss)) < tol);
     if (p.gated()) CHECK(rel(wg.dw3, central_diff(p.w3d, loss)) < tol);
     CHECK(wg.dw3.empty() == !p.gated());
+  }
+}
+
+// GPT-OSS's experts: the clamped SwiGLU with pre-activations on both sides of its clamps (weights
+// scaled up so that |A|, |B| pass 7), and per-expert biases on A, B and o. Every gradient, the
+// biases' included, against central differences; seeds whose pre-activations come within 1e-3
+// of a clamp (where the difference quotient straddles the kink) are skipped.
+TEST_CASE("reference: clamped SwiGLU with expert biases matches finite differences") {
+  const double tol = 1e-6;
+  Problem p;
+  int clamped = 0;
+  for (uint64_t seed = 40;; ++seed) {
+    p = make_problem(seed, 6, 4, 2, 16, 8, Activation::clamped_swiglu);
+    for (auto* w : {&p.w1d, &p.w3d})
+      for (double& v : *w) v *= 6.0;  // exact in double; the bf16 copies are not used below
+    p.add_biases(seed + 1000, 2.0);
+    for (size_t i = 0; i < p.w1.size(); ++i) {
+      p.w1[i] = moeblaze::to_bf16(float(p.w1d[i]));
+      p.w3[i] = moeblaze::to_bf16(float(p.w3d[i]));
+      p.w1d[i] = moeblaze::to_float(p.w1[i]);
+      p.w3d[i] = moeblaze::to_float(p.w3[i]);
+    }
+    double closest = 1e9;
+    clamped = 0;
+    std::vector<double> a, b, h, o;
+    for (int s = 0; s < p.T * p.K; ++s) {
+      local_slot(p, s / p.K, p.ids[s], a, b, h, o);
+      for (double v : a) closest = std::min(closest, std::abs(v - 7.0)), clamped += v > 7.0;
+      for (double v : b) closest = std::min({closest, std::abs(v - 7.0), std::abs(v + 7.0)}), clamped += std::abs(v) > 7;
+    }
+    if (closest > 1e-3 && clamped > 0) break;
+  }
+  CAPTURE(clamped);
+  const auto tokens = all_tokens(p.T);
+  const auto y = ref::forward_rows(p.weights(), p.x.data(), p.ids.data(), p.gates.data(), p.K, tokens);
+  CHECK(rel(y, local_forward(p, p.gates)) < 1e-13);
+  const auto g = ref::backward_rows(p.weights(), p.x.data(), p.dy.data(), p.ids.data(), p.gates.data(), p.K, tokens);
+  const auto wg = all_weight_grads(p);
+  auto loss = [&] { return local_loss(p, p.gates); };
+  CHECK(rel(g.dx, central_diff(p.xd, loss)) < tol);
+  CHECK(rel(g.d_gates, central_diff(p.gates, loss)) < tol);
+  CHECK(rel(wg.dw1, central_diff(p.w1d, loss)) < tol);
+  CHECK(rel(wg.dw3, central_diff(p.w3d, loss)) < tol);
+  CHECK(rel(wg.dw2, central_diff(p.w2d, loss)) < tol);
+  CHECK(rel(wg.d_bias_up, central_diff(p.bud, loss)) < tol);
+  CHECK(rel(wg.d_bias_down, central_diff(p.bdd, loss)) < tol);
+  // The sampled-rows variant agrees with the full gradients, the biases' too.
+  const std::vector<int> rows{0, 3, 7};
+  for (int e = 0; e < p.E; ++e) {
+    const auto full = ref::expert_weight_grads(p.weights(), p.x.data(), p.dy.data(), p.ids.data(), p.gates.data(),
+                                               p.T, p.K, e);
+    const auto part = ref::expert_weight_grad_rows(p.weights(), p.x.data(), p.dy.data(), p.ids.data(),
+                                                   p.gates.data(), p.T, p.K, e, rows);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      CHECK(part.d_bias_up[r] == doctest::Approx(full.d_bias_up[rows[r]]).epsilon(1e-12));
+      CHECK(part.d_bias_up[rows.size() + r] == doctest::Approx(full.d_bias_up[p.n + rows[r]]).epsilon(1e-12));
+    }
+    CHECK(rel(part.d_bias_down, full.d_bias_down) < 1e-13);
   }
 }
 

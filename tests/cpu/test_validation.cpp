@@ -258,3 +258,69 @@ TEST_CASE("validation: wide-h layers run the forward in slot chunks and the down
   CHECK(p.backward_scratch_bytes >= unioned);
   CHECK(p.backward_scratch_bytes < unioned + (1 << 20));
 }
+
+TEST_CASE("validation: a fused gate_up layer takes w1 [E,2n,d] without w3, and dw1 likewise") {
+  LayerConfig l = layer(8, 2, 64, 32);
+  l.weight_layout = WeightLayout::fused_gate_up;
+  const int64_t T = 100;
+  ForwardArgs a = good_forward(l, T);
+  expect_invalid([&] { validate_forward_args(l, kDgradBn, a); }, "w1", "[8,64,64]");  // [E,n,d] is too short
+  a.w1.shape = {8, 64, 64};
+  expect_invalid([&] { validate_forward_args(l, kDgradBn, a); }, "w3", "second half");
+  a.w3 = {};
+  CHECK_NOTHROW(validate_forward_args(l, kDgradBn, a));
+  CHECK(w1_shape(l) == std::vector<int64_t>{8, 64, 64});
+  CHECK(l.describe() == "E=8 K=2 d=64 n=32 swiglu router=none gate_up=fused");
+
+  ForwardState st;
+  st.layer = l;
+  st.tokens = T;
+  st.saved = a.saved;
+  st.saved_bytes = a.saved_bytes;
+  st.complete = true;
+  BackwardArgs b;
+  b.dy = a.y;
+  b.x = a.x;
+  b.topk_weights = a.topk_weights;
+  b.w1 = a.w1;
+  b.w2 = a.w2;
+  b.dx = a.y;
+  b.dw1 = a.w1;
+  b.dw2 = a.w2;
+  b.d_topk_weights = a.topk_weights;
+  b.scratch = a.scratch;
+  b.scratch_bytes = plan_memory(l, T, CheckpointMode::save_h, kDgradBn).backward_scratch_bytes;
+  CHECK_NOTHROW(validate_backward_args(l, kDgradBn, st, b));
+  b.accumulate = true;  // bf16 gradients added to: same shapes
+  CHECK_NOTHROW(validate_backward_args(l, kDgradBn, st, b));
+  BackwardArgs bad = b;
+  bad.dw3 = a.w2;
+  expect_invalid([&] { validate_backward_args(l, kDgradBn, st, bad); }, "dw3", "second half");
+  bad = b;
+  bad.dw1.shape = {8, 32, 64};
+  expect_invalid([&] { validate_backward_args(l, kDgradBn, st, bad); }, "dw1");
+  // A state from the separate layout does not fit this layer.
+  ForwardState other = st;
+  other.layer.weight_layout = WeightLayout::separate;
+  expect_invalid([&] { validate_backward_args(l, kDgradBn, other, b); }, "state", "another shape");
+  // Only gated activations have a gate_up.
+  l.activation = Activation::silu;
+  expect_invalid([&] { l.validate(); }, "weight_layout", "gated");
+}
+
+TEST_CASE("validation: TMA views of a fused gate_up step 2n rows per expert") {
+  LayerConfig l = layer(8, 2, 4096, 1024);
+  CHECK(w1_map_rows(l) == 8 * 1024);
+  CHECK(w3_map_rows(l) == 8 * 1024);
+  l.weight_layout = WeightLayout::fused_gate_up;
+  CHECK(l.w1_rows() == 2048);
+  CHECK(w1_map_rows(l) == 8 * 2048);         // from W1's first row to the tensor's end
+  CHECK(w3_map_rows(l) == 8 * 2048 - 1024);  // from W3's first row (n rows in) to the end
+  // dW1 / dW3 stored by TMA: [E][n rows][d], experts 2n rows apart.
+  const OutputMapParams p = output_map_params(kFakeBase, 8, 1024, 4096, 4096, 128, "dw1", 2048);
+  CHECK(p.dims[1] == 1024);
+  CHECK(p.strides[0] == 4096 * 2);
+  CHECK(p.strides[1] == uint64_t{2048} * 4096 * 2);
+  CHECK(output_map_params(kFakeBase, 8, 1024, 4096, 4096, 128, "dw1").strides[1] == uint64_t{1024} * 4096 * 2);
+  expect_invalid([] { output_map_params(kFakeBase, 8, 1024, 4096, 4096, 128, "dw1", 512); }, "dw1", "overlap");
+}

@@ -24,6 +24,8 @@ struct Case {
   RoutingDistribution routing = RoutingDistribution::random;
   CheckpointMode mode = CheckpointMode::save_h;
   bool accumulate = false;
+  WeightLayout layout = WeightLayout::separate;
+  bool expert_bias = false;
 };
 
 const Case kCases[] = {
@@ -52,6 +54,28 @@ const Case kCases[] = {
      RoutingDistribution::random, CheckpointMode::recompute},
     {"fp32 gradient accumulation", {8, 2, 128, 128}, 256, Activation::swiglu, RouterKind::softmax_topk, true, 1.f,
      RoutingDistribution::random, CheckpointMode::save_h, true},
+    // The Hugging Face gate_up [E,2n,d]: n a multiple of 128 (tiles inside W1 or W3), not of
+    // 64 (column tiles read W3 rows past W1's end, the last expert's past the tensor), wide
+    // and chunked (n > d), recompute, fp32 accumulation into the fused layout.
+    {"fused gate_up", {16, 4, 256, 128}, 700, Activation::swiglu, RouterKind::none, false, 1.f,
+     RoutingDistribution::random, CheckpointMode::save_h, false, WeightLayout::fused_gate_up},
+    {"fused gate_up, n not a multiple of 64, geglu", {8, 2, 200, 136}, 333, Activation::geglu, RouterKind::none, false,
+     1.f, RoutingDistribution::random, CheckpointMode::save_h, false, WeightLayout::fused_gate_up},
+    {"fused gate_up, n > d (chunked), recompute", {8, 2, 256, 768}, 600, Activation::swiglu, RouterKind::softmax_topk,
+     true, 1.f, RoutingDistribution::random, CheckpointMode::recompute, false, WeightLayout::fused_gate_up},
+    {"fused gate_up, fp32 accumulation, sigmoid router", {64, 8, 256, 128}, 1024, Activation::swiglu,
+     RouterKind::sigmoid_topk, true, 2.5f, RoutingDistribution::random, CheckpointMode::save_h, true,
+     WeightLayout::fused_gate_up},
+    // GPT-OSS's experts: clamped SwiGLU, expert biases, fused gate_up; d = 2880-like widths
+    // (multiples of 192, not 256) at a small scale, recompute, fp32 accumulation.
+    {"gpt-oss: clamped swiglu, biases", {32, 4, 576, 192}, 1000, Activation::clamped_swiglu, RouterKind::none, false,
+     1.f, RoutingDistribution::random, CheckpointMode::save_h, false, WeightLayout::fused_gate_up, true},
+    {"gpt-oss: clamped swiglu, biases, recompute, softmax router", {32, 4, 256, 128}, 700,
+     Activation::clamped_swiglu, RouterKind::softmax_topk, true, 1.f, RoutingDistribution::random,
+     CheckpointMode::recompute, false, WeightLayout::fused_gate_up, true},
+    {"gpt-oss: clamped swiglu, biases, fp32 accumulation, separate W1/W3", {8, 2, 128, 64}, 300,
+     Activation::clamped_swiglu, RouterKind::none, false, 1.f, RoutingDistribution::random, CheckpointMode::save_h,
+     true, WeightLayout::separate, true},
 };
 
 }  // namespace
@@ -66,6 +90,8 @@ TEST_CASE("gpu: layer forward and backward match the CPU reference") {
       o.layer.router = c.router;
       o.layer.renormalize = c.renorm;
       o.layer.route_scale = c.scale;
+      o.layer.weight_layout = c.layout;
+      o.layer.expert_bias = c.expert_bias;
       o.tokens = c.tokens;
       o.routing = c.routing;
       o.mode = c.mode;

@@ -1,6 +1,6 @@
 // down_dgrad's epilogue: the activation's backward from the saved pre-activations and the
 // gate, fused with the gate gradient's row-dot (see the kernel in expert_gemms.cuh).
-// Recomputes h from the saved [A|B], emits dA = g dh' B act'(A), dB = g dh' act(A), hg = g h,
+// Recomputes h from the saved [A|B], emits dA = g dh' up(B) act'(A), dB = g dh' act(A) up'(B), hg = g h,
 // and this tile's part of the gate gradient <dh', h> (summed over tiles in a fixed order by
 // gate_grad_reduce). dH may be H (the runtime writes it in place): each epilogue thread loads
 // both of its H elements before it stores the dA/dB at the same addresses, and no other thread
@@ -13,33 +13,24 @@
 #include "moeblaze/gemm/mainloop/warp_specialized.cuh"
 #include "moeblaze/gemm/scheduler/tile_schedule.cuh"
 #include "moeblaze/kernel_args.cuh"
+#include "moeblaze/slot_gate.cuh"
 
 namespace moeblaze::gemm {
 
-// Gate of each row of a slot tile, looked up token-major (the slot's token picks `expert`
-// exactly once; the index build rejects duplicates).
-template <int K>
-MB_DEV float slot_gate(const RoutingView& rv, int slot, int expert) {
-  const i64 t = rv.expert_token_indices[slot];
-  float g = 0.f;
-#pragma unroll
-  for (int j = 0; j < K; ++j)
-    if (rv.token_expert_indices[t * K + j] == expert) g = rv.gates[t * K + j];
-  return g;
-}
-
 // The activation's backward at one element of down_dgrad's epilogue: dh' value d, gate g, the
-// saved pre-activations a (and b, gated) -> dA, dB (gated; else 0) and h = act(a) [* b].
+// saved pre-activations a (and b, gated) -> dA, dB (gated; else 0) and h = act(a) [* up(b)].
 template <Activation ACT, int G>
 MB_DEV void act_bwd_element(float a, float b, float d, float g, float& da, float& db, float& h) {
+  float s, ds;
+  act_fwd_grad<ACT>(a, s, ds);
   if constexpr (G == 2) {
-    const float s = act_fwd<ACT>(a);
-    h = s * b;
-    da = g * d * b * act_grad<ACT>(a);
-    db = g * d * s;
+    const float u = act_up<ACT>(b);
+    h = s * u;
+    da = g * d * u * ds;
+    db = g * d * s * act_up_grad<ACT>(b);
   } else {
-    h = act_fwd<ACT>(a);
-    da = g * d * act_grad<ACT>(a);
+    h = s;
+    da = g * d * ds;
     db = 0.f;
   }
 }
