@@ -194,12 +194,14 @@ def _backward(dy: Tensor, x: Tensor, topk_weights: Optional[Tensor], w_router: O
     """Returns dx, dw1, dw3 (empty if plain or fused), dw2, d_topk_weights (empty with the
     built-in router), dw_router (empty without it), d_bias_up, d_bias_down (empty without
     expert biases)."""
-    empty = _empty(torch.bfloat16, x.device)
+    # Each absent gradient is a tensor of its own: a custom op's outputs may not alias each other.
+    def like(t: Optional[Tensor]) -> Tensor:
+        return torch.empty_like(t) if t is not None else _empty(torch.bfloat16, x.device)
     dw1 = torch.empty_like(w1)
-    dw3 = torch.empty_like(w3) if w3 is not None else empty
+    dw3 = like(w3)
     dw2 = torch.empty_like(w2)
-    dbu = torch.empty_like(bias_up) if bias_up is not None else empty
-    dbd = torch.empty_like(bias_down) if bias_down is not None else empty
+    dbu = like(bias_up)
+    dbd = like(bias_down)
     dx, dtw, dwr = _launch_backward(dy, x, topk_weights, w_router, router_bias, w1, w3, w2, bias_up, bias_down,
                                     saved, state, cfg, route_scale, dw1, dw3, dw2, dbu, dbd, False)
     return dx, dw1, dw3, dw2, dtw, dwr, dbu, dbd
@@ -207,14 +209,11 @@ def _backward(dy: Tensor, x: Tensor, topk_weights: Optional[Tensor], w_router: O
 
 @_backward.register_fake
 def _(dy, x, topk_weights, w_router, router_bias, w1, w3, w2, bias_up, bias_down, saved, state, cfg, route_scale):
-    empty_f = x.new_empty((0,), dtype=torch.float32)
-    empty_b = x.new_empty((0,))
-
     def like(t):
-        return torch.empty_like(t) if t is not None else empty_b
+        return torch.empty_like(t) if t is not None else x.new_empty((0,))
     return (torch.empty_like(x), torch.empty_like(w1), like(w3), torch.empty_like(w2),
-            x.new_empty((x.shape[0], cfg[1]), dtype=torch.float32) if not cfg[5] else empty_f, like(w_router),
-            like(bias_up), like(bias_down))
+            x.new_empty((x.shape[0], cfg[1]), dtype=torch.float32) if not cfg[5] else x.new_empty((0,), dtype=torch.float32),
+            like(w_router), like(bias_up), like(bias_down))
 
 
 @torch.library.custom_op("moeblaze::backward_accumulate", mutates_args=("dw1", "dw3", "dw2", "dbu", "dbd"),
