@@ -93,7 +93,7 @@ std::vector<BuiltKernel> build_with_cache(const std::vector<KernelSpec>& specs, 
   return out;
 }
 
-std::vector<KernelSpec> choose_tiles(const LayerConfig& layer, const std::string& arch, const std::string& fingerprint,
+std::vector<KernelSpec> choose_tiles(const LayerConfig& layer, Arch arch, const std::string& fingerprint,
                                      KernelCache* cache, const LoadOptions& o, LoadReport& r) {
   const int64_t bucket = token_bucket(o.tokens > 0 ? o.tokens : 1);
   std::vector<KernelSpec> specs = layer_kernel_specs(layer, arch, o.tokens);

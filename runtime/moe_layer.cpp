@@ -62,7 +62,7 @@ MoeLayer::MoeLayer(std::shared_ptr<const KernelSet> kernels) : kernels_(std::mov
   if (!kernels_ || !kernels_->loaded()) throw Error("MoeLayer needs a loaded KernelSet");
 }
 
-MoeLayer MoeLayer::build(const LayerConfig& layer, const std::string& arch) {
+MoeLayer MoeLayer::build(const LayerConfig& layer, Arch arch) {
   auto set = std::make_shared<KernelSet>(KernelSet::compile(layer, arch));
   set->load();
   return MoeLayer(std::move(set));

@@ -16,7 +16,7 @@ using namespace cache_test;
 
 namespace {
 
-constexpr const char* kTile = "128x128x64_w8x1_s3_wg";
+constexpr const char* kTile = "128x128x64_w8x1_s3_wgmma";
 
 // An export of 3 binaries, 6 measurements and 2 winners whose families and tiles are real.
 struct Export {
@@ -354,17 +354,17 @@ TEST_CASE("import: a winner that does not name a tile falls back to the default 
   const LoadOptions options{4096, "policy", {}};
   const std::string device = "test device";
   LoadReport defaults;
-  const std::vector<KernelSpec> plain = choose_tiles(layer, "sm_90a", device, nullptr, options, defaults);
+  const std::vector<KernelSpec> plain = choose_tiles(layer, Arch::sm_90a, device, nullptr, options, defaults);
   // A winner row as a damaged or hand-made cache may hold it (put_winner does not check).
   const TuningKey up = tuning_key(KernelFamily::up_proj, layer, 4096, device, "policy");
   Winner bad{up, "garbage\x1b[31m", 1.0, 0.01, 2.0, 0};
   c.put_winner(bad);
   const TuningKey down = tuning_key(KernelFamily::down_proj, layer, 4096, device, "policy");
-  const TileConfig legal = TileConfig::parse("128x128x64_w8x1_s3_wg");
+  const TileConfig legal = TileConfig::parse("128x128x64_w8x1_s3_wgmma");
   c.put_winner(Winner{down, legal.to_string(), 1.0, 0.01, 2.0, 0});
   LoadReport r;
   std::vector<KernelSpec> specs;
-  CHECK_NOTHROW(specs = choose_tiles(layer, "sm_90a", device, &c, options, r));
+  CHECK_NOTHROW(specs = choose_tiles(layer, Arch::sm_90a, device, &c, options, r));
   REQUIRE(specs.size() == plain.size());
   for (size_t i = 0; i < specs.size(); ++i) {
     if (specs[i].family == KernelFamily::up_proj) CHECK(specs[i].tile == plain[i].tile);
@@ -566,7 +566,7 @@ TEST_CASE("load: a read-only or failing cache costs compile time, never the load
   { KernelCache create(path); }
   LayerConfig layer;
   layer.shape = {8, 2, 64, 64};
-  std::vector<KernelSpec> specs = layer_kernel_specs(layer, "sm_90a", 0);
+  std::vector<KernelSpec> specs = layer_kernel_specs(layer, Arch::sm_90a, 0);
   specs.resize(1);  // one small kernel: NVRTC needs no GPU
   {
     KernelCache ro(path, true);
