@@ -70,7 +70,7 @@ Command generate_command() {
     st->app->add_option("--arch", st->arch, "target architecture")->capture_default_str();
     st->app->add_flag("--json", st->json, "machine-readable output");
     st->app->add_flag("--source", st->show_source, "print each generated instantiation source");
-    st->app->add_option("--tile", st->tiles, "FAMILY=TILE: another tile for a family (e.g. up_proj=128x128x64_w8x1_s3_wgmma)");
+    st->app->add_option("--tile", st->tiles, "FAMILY=TILE: another tile for a family (e.g. gate_up=128x128x64_w8x1_s3_wgmma)");
     st->app->add_option("--ptx-dir", st->ptx_dir, "write each kernel's PTX to DIR/<kernel>.ptx (created if missing)");
     st->app->add_flag("--check-only", st->check_only,
                       "check that every kernel's tile is legal for the layer and generate its source, without "

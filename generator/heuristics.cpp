@@ -4,12 +4,12 @@ namespace moeblaze {
 
 int output_columns(KernelFamily f, const LayerConfig& l) {
   switch (f) {
-    case KernelFamily::up_proj:
+    case KernelFamily::gate_up:
     case KernelFamily::down_dgrad:
     case KernelFamily::down_wgrad: return l.shape.ffn;
     case KernelFamily::down_proj:
-    case KernelFamily::up_dgrad:
-    case KernelFamily::up_wgrad: return l.shape.hidden;
+    case KernelFamily::gate_up_dgrad:
+    case KernelFamily::gate_up_wgrad: return l.shape.hidden;
     default: return 0;
   }
 }
@@ -36,11 +36,11 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
     // wherever the producer's loads are TMA boxes or a pointer and a stride per stage; the
     // shared pipeline at 3 stages where two blocks per SM let one block's epilogue overlap
     // the other's mainloop (down_dgrad on short reductions, below). Measured on mixtral-8x7b
-    // (ms): up_proj 14.9 -> 13.1 and down_proj 6.5 -> 5.5 (`_persist_tmacontig` against
-    // `_ws`); up_wgrad 18.7 (`_wgmma` 128x128) -> 16.2 `_persist_tmacontig` (deepseek-v3 28.5,
+    // (ms): gate_up 14.9 -> 13.1 and down_proj 6.5 -> 5.5 (`_persist_tmacontig` against
+    // `_ws`); gate_up_wgrad 18.7 (`_wgmma` 128x128) -> 16.2 `_persist_tmacontig` (deepseek-v3 28.5,
     // level with `_wgmma`), down_wgrad 9.0 -> 7.4 `_persist_tmacontig` (deepseek-v3 15.2 ->
-    // 12.5), up_dgrad 12.4 -> 10.7 `_ws_tmacontig`.
-    // TMA where the layer allows it (e.g. up_dgrad's MN-major weight boxes need n % 64 == 0);
+    // 12.5), gate_up_dgrad 12.4 -> 10.7 `_ws_tmacontig`.
+    // TMA where the layer allows it (e.g. gate_up_dgrad's MN-major weight boxes need n % 64 == 0);
     // elsewhere the same tile with cp.async loads.
     auto tma = [&](TileConfig t) {
       TileConfig with = t;
@@ -48,9 +48,9 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
       return legality_problem(KernelSpec{family, layer, with, arch}).empty() ? with : t;
     };
     // 192 columns instead of 256 where that fills the last column of tiles, for the two
-    // all-TMA GEMMs (gpt-oss-20b: down_proj 1.880 -> 1.798 ms, up_dgrad 3.494 -> 3.265);
-    // up_wgrad's gathered 192-wide B ran slower (5.100 -> 5.270) and keeps 256.
-    // Only with TMA loads (a layer that cannot take them, e.g. up_dgrad with n % 64 != 0,
+    // all-TMA GEMMs (gpt-oss-20b: down_proj 1.880 -> 1.798 ms, gate_up_dgrad 3.494 -> 3.265);
+    // gate_up_wgrad's gathered 192-wide B ran slower (5.100 -> 5.270) and keeps 256.
+    // Only with TMA loads (a layer that cannot take them, e.g. gate_up_dgrad with n % 64 != 0,
     // keeps the 256-wide cp.async tile).
     auto wide_tile = [&](Mainloop mainloop) {
       if (fits_192_better(family, layer)) {
@@ -60,20 +60,20 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
       return tma(wgmma_tile(128, 256, 4, mainloop));
     };
     switch (family) {
-      case KernelFamily::up_proj: return tma(wgmma_tile(128, 128, 4, Mainloop::persistent));  // gated: 2 x 128 columns
+      case KernelFamily::gate_up: return tma(wgmma_tile(128, 128, 4, Mainloop::persistent));  // gated: 2 x 128 columns
       case KernelFamily::down_proj: return wide_tile(Mainloop::persistent);
-      case KernelFamily::up_wgrad:
+      case KernelFamily::gate_up_wgrad:
       case KernelFamily::down_wgrad: {
         // The TMA-store epilogue (_tmastore): the consumers stage the tile in shared memory and
         // go on to the next tile while the stores drain; 3 stages leave room for the 64 KiB
         // staging buffer. It pays where an output tile's reduction over one expert's slots is
         // short (T K / E slots: few k-steps per tile, the epilogue a large part of it) and
-        // costs where it is long (the fourth stage matters more). up_wgrad / down_wgrad ms,
+        // costs where it is long (the fourth stage matters more). gate_up_wgrad / down_wgrad ms,
         // 4-stage direct stores -> _tmastore: deepseek-v3 (512 slots per expert) 28.6 / 12.6 ->
         // 19.3 / 9.6 (step 87.2 -> 77.2); gpt-oss-20b (2048) 5.04 / 2.30 -> 4.69 / 2.21;
         // mixtral-8x7b (4096) 16.14 / 7.43 -> 17.11 / 7.69; olmoe-1b-7b at 32768 tokens (4096)
         // tunes to the 4-stage tiles, 2.04 / 4.45 -> 1.90 / 4.17. At exactly 2048 the 4-stage
-        // tiles lose (gpt-oss up_wgrad 4.77 with _tmastore, 5.21 without). The slots per expert
+        // tiles lose (gpt-oss gate_up_wgrad 4.77 with _tmastore, 5.21 without). The slots per expert
         // depend on the step's tokens, which the runtime's load hint gives (the bindings load
         // one kernel set per token bucket); without it E / K stands in. `moeblaze tune`
         // measures both tiles.
@@ -84,7 +84,7 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
           return staged;
         return tma(wgmma_tile(128, 256, 4, Mainloop::persistent));
       }
-      case KernelFamily::up_dgrad: return wide_tile(Mainloop::warp_specialized);
+      case KernelFamily::gate_up_dgrad: return wide_tile(Mainloop::warp_specialized);
       case KernelFamily::down_dgrad: {
         // Long reductions (d >= 2048: 32 k-steps of 64 or more): the persistent 128x256 tile,
         // whose mainloop has twice the math per gathered row of the 128x128 one and whose
@@ -108,16 +108,16 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
   }
   TileConfig t;  // mma.sync: 128x128x64, 2x4 warps, 3 stages
   switch (family) {
-    case KernelFamily::up_proj:
+    case KernelFamily::gate_up:
       // Gated: W1 and W3 tiles side by side, so the block covers 2*bn columns.
       if (is_gated(layer.activation)) t = {128, 128, 64, 2, 4, 3};
       else t = {128, 128, 64, 2, 4, 4};
       break;
     case KernelFamily::down_proj:
     case KernelFamily::down_dgrad:
-    case KernelFamily::up_dgrad:
+    case KernelFamily::gate_up_dgrad:
     case KernelFamily::down_wgrad:
-    case KernelFamily::up_wgrad: t = {128, 128, 64, 2, 4, 4}; break;
+    case KernelFamily::gate_up_wgrad: t = {128, 128, 64, 2, 4, 4}; break;
     case KernelFamily::router_logits:
     case KernelFamily::router_dgrad:
     case KernelFamily::router_wgrad: t = {128, 64, 64, 4, 2, 3}; break;

@@ -17,6 +17,7 @@ struct FamilyInfo {
   const char* header;    // template header the instantiation includes
   const char* function;  // device function template
   const char* args;      // argument struct
+  const char* older = nullptr;  // its older name (docs/design.md, "Glossary"), still read
 };
 
 const FamilyInfo kFamilies[] = {
@@ -25,14 +26,16 @@ const FamilyInfo kFamilies[] = {
     {KernelFamily::index_count, "index_count", "moeblaze/index_build.cuh", "moeblaze::index_build::count", "IndexBuildArgs"},
     {KernelFamily::index_scan, "index_scan", "moeblaze/index_build.cuh", "moeblaze::index_build::scan", "IndexBuildArgs"},
     {KernelFamily::index_scatter, "index_scatter", "moeblaze/index_build.cuh", "moeblaze::index_build::scatter", "IndexBuildArgs"},
-    {KernelFamily::up_proj, "up_proj", "moeblaze/expert_gemms.cuh", "moeblaze::up_proj", "UpProjArgs"},
+    {KernelFamily::gate_up, "gate_up", "moeblaze/expert_gemms.cuh", "moeblaze::gate_up", "GateUpArgs", "up_proj"},
     {KernelFamily::down_proj, "down_proj", "moeblaze/expert_gemms.cuh", "moeblaze::down_proj", "DownProjArgs"},
     {KernelFamily::combine, "combine", "moeblaze/reductions.cuh", "moeblaze::reductions::combine", "CombineArgs"},
     {KernelFamily::down_dgrad, "down_dgrad", "moeblaze/expert_gemms.cuh", "moeblaze::down_dgrad", "DownDgradArgs"},
     {KernelFamily::gate_grad, "gate_grad", "moeblaze/reductions.cuh", "moeblaze::reductions::gate_grad", "GateGradArgs"},
     {KernelFamily::down_wgrad, "down_wgrad", "moeblaze/expert_gemms.cuh", "moeblaze::down_wgrad", "WgradArgs"},
-    {KernelFamily::up_wgrad, "up_wgrad", "moeblaze/expert_gemms.cuh", "moeblaze::up_wgrad", "WgradArgs"},
-    {KernelFamily::up_dgrad, "up_dgrad", "moeblaze/expert_gemms.cuh", "moeblaze::up_dgrad", "UpDgradArgs"},
+    {KernelFamily::gate_up_wgrad, "gate_up_wgrad", "moeblaze/expert_gemms.cuh", "moeblaze::gate_up_wgrad", "WgradArgs",
+     "up_wgrad"},
+    {KernelFamily::gate_up_dgrad, "gate_up_dgrad", "moeblaze/expert_gemms.cuh", "moeblaze::gate_up_dgrad",
+     "GateUpDgradArgs", "up_dgrad"},
     {KernelFamily::router_backward, "router_backward", "moeblaze/router.cuh", "moeblaze::router::backward", "RouterBackwardArgs"},
     {KernelFamily::router_dgrad, "router_dgrad", "moeblaze/router.cuh", "moeblaze::router::dgrad_gemm", "RouterGemmArgs"},
     {KernelFamily::router_wgrad, "router_wgrad", "moeblaze/router.cuh", "moeblaze::router::wgrad_gemm", "RouterGemmArgs"},
@@ -80,7 +83,7 @@ std::string shape_arguments(const KernelSpec& s) {
   const MoeShape& m = s.layer.shape;
   const int E = m.experts, K = m.topk, D = m.hidden, N = m.ffn;
   const std::string act = activation_literal(s.layer.activation);
-  if (s.family == KernelFamily::up_proj)
+  if (s.family == KernelFamily::gate_up)
     return fmt::format("{}, {}, {}, {}, {}, {}", E, D, N, act, s.layer.w1_rows(), s.layer.expert_bias ? "true" : "false");
   switch (s.family) {
     case KernelFamily::router_logits:
@@ -92,9 +95,9 @@ std::string shape_arguments(const KernelSpec& s) {
     case KernelFamily::index_count:
     case KernelFamily::index_scan:
     case KernelFamily::index_scatter: return fmt::format("{}, {}", E, K);
-    case KernelFamily::up_proj:
-    case KernelFamily::up_dgrad:
-    case KernelFamily::up_wgrad: return fmt::format("{}, {}, {}, {}, {}", E, D, N, act, s.layer.w1_rows());
+    case KernelFamily::gate_up:
+    case KernelFamily::gate_up_dgrad:
+    case KernelFamily::gate_up_wgrad: return fmt::format("{}, {}, {}, {}, {}", E, D, N, act, s.layer.w1_rows());
     case KernelFamily::down_proj: return fmt::format("{}, {}, {}, {}", E, D, N, s.layer.expert_bias ? "true" : "false");
     case KernelFamily::down_wgrad: return fmt::format("{}, {}, {}", E, D, N);
     case KernelFamily::bias_grad: return fmt::format("{}, {}, {}, {}, {}", E, K, D, N, s.layer.gate_parts());
@@ -117,6 +120,12 @@ int untiled_threads(KernelFamily f) {
 }  // namespace
 
 std::string to_string(KernelFamily f) { return info(f).name; }
+
+std::vector<std::string> family_names(KernelFamily f) {
+  const FamilyInfo& i = info(f);
+  if (i.older) return {i.name, i.older};
+  return {i.name};
+}
 
 const std::vector<KernelFamily>& all_families() {
   static const std::vector<KernelFamily> all = [] {
@@ -143,12 +152,12 @@ bool family_runs(KernelFamily f, const LayerConfig& layer) {
 bool is_tiled(KernelFamily f) {
   switch (f) {
     case KernelFamily::router_logits:
-    case KernelFamily::up_proj:
+    case KernelFamily::gate_up:
     case KernelFamily::down_proj:
     case KernelFamily::down_dgrad:
     case KernelFamily::down_wgrad:
-    case KernelFamily::up_wgrad:
-    case KernelFamily::up_dgrad:
+    case KernelFamily::gate_up_wgrad:
+    case KernelFamily::gate_up_dgrad:
     case KernelFamily::router_dgrad:
     case KernelFamily::router_wgrad: return true;
     default: return false;
@@ -168,7 +177,7 @@ void tie_following_tiles(std::vector<KernelSpec>& specs) {
 }
 
 int stacked_b_tiles(KernelFamily f, Activation act) {
-  return f == KernelFamily::up_proj && is_gated(act) ? 2 : 1;
+  return f == KernelFamily::gate_up && is_gated(act) ? 2 : 1;
 }
 
 std::string TileConfig::to_string() const {
@@ -211,12 +220,12 @@ bool supports_wgmma(KernelFamily f) { return is_tiled(f); }
 
 bool supports_persistent(KernelFamily f) {
   switch (f) {
-    case KernelFamily::up_proj:
+    case KernelFamily::gate_up:
     case KernelFamily::down_proj:
     case KernelFamily::down_dgrad:
     case KernelFamily::down_wgrad:
-    case KernelFamily::up_wgrad:
-    case KernelFamily::up_dgrad: return true;
+    case KernelFamily::gate_up_wgrad:
+    case KernelFamily::gate_up_dgrad: return true;
     default: return false;
   }
 }
@@ -291,7 +300,7 @@ TileConfig TileConfig::parse(const std::string& s) {
 KernelFamily parse_family(const std::string& s) {
   std::string names;
   for (const auto& i : kFamilies) {
-    if (s == i.name) return i.family;
+    if (s == i.name || (i.older && s == i.older)) return i.family;
     names += std::string(names.empty() ? "" : ", ") + i.name;
   }
   throw InvalidArgument("family", fmt::format("'{}' is not a kernel family ({})", s, names));
@@ -301,14 +310,14 @@ std::string KernelSpec::name() const {
   const MoeShape& m = layer.shape;
   std::string n = fmt::format("mb_{}_E{}_K{}_d{}_n{}", to_string(family), m.experts, m.topk, m.hidden, m.ffn);
   switch (family) {
-    case KernelFamily::up_proj:
+    case KernelFamily::gate_up:
     case KernelFamily::down_dgrad:
-    case KernelFamily::up_wgrad:
-    case KernelFamily::up_dgrad:
+    case KernelFamily::gate_up_wgrad:
+    case KernelFamily::gate_up_dgrad:
       n += "_" + moeblaze::to_string(layer.activation);
       // The up-side kernels read (and write) W1/W3 in the layer's layout.
       if (layer.fused_gate_up() && family != KernelFamily::down_dgrad) n += "_fused";
-      if (layer.expert_bias && family == KernelFamily::up_proj) n += "_bias";
+      if (layer.expert_bias && family == KernelFamily::gate_up) n += "_bias";
       break;
     case KernelFamily::down_proj:
       if (layer.expert_bias) n += "_bias";
@@ -346,7 +355,7 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
       return "192-wide tiles are not for down_dgrad / down_wgrad (their column chunks are multiples of 256)";
     // The cp.async tile loader gives each of 128 producer threads one 16-byte column of the
     // tile (gemm/loaders.cuh TileLoader): 24 chunks per 192-wide row do not divide 128.
-    if (t.bn == 192 && spec.family != KernelFamily::up_wgrad && !t.tma_contiguous)
+    if (t.bn == 192 && spec.family != KernelFamily::gate_up_wgrad && !t.tma_contiguous)
       return "192-wide tiles need TMA loads (the cp.async loader cannot split a 192-wide row among 128 threads)";
     if (t.warp_specialized() && t.bm > 128) return "warp-specialised tiles have one or two consumer warpgroups";
     if (t.persistent() && !supports_persistent(spec.family)) return "persistent tiles are for the expert GEMMs";
@@ -361,22 +370,22 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
     // MN-major weight stages (64 k rows) must not straddle an expert's rows or W1|W3.
     if (spec.family == KernelFamily::down_dgrad && spec.layer.shape.hidden % 64)
       return "TMA down_dgrad tiles need d % 64 == 0 (W2 k stages inside one expert)";
-    if (spec.family == KernelFamily::up_dgrad && spec.layer.shape.ffn % 64)
-      return "TMA up_dgrad tiles need n % 64 == 0 (W1/W3 k stages inside one matrix)";
+    if (spec.family == KernelFamily::gate_up_dgrad && spec.layer.shape.ffn % 64)
+      return "TMA gate_up_dgrad tiles need n % 64 == 0 (W1/W3 k stages inside one matrix)";
   }
   if (t.cluster_m != 1) {
     if (t.cluster_m != 2) return "clusters are of 1 or 2 blocks";
     if (!t.persistent() || !t.tma_contiguous)
       return "cluster pairs are persistent TMA tiles (_persist or _pingpong with _tmacontig)";
-    const bool slot_family = spec.family == KernelFamily::up_proj || spec.family == KernelFamily::down_proj ||
-                             spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::up_dgrad;
+    const bool slot_family = spec.family == KernelFamily::gate_up || spec.family == KernelFamily::down_proj ||
+                             spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::gate_up_dgrad;
     if (!slot_family) return "cluster pairs share the weight operand of the slot-tiled expert GEMMs (not the weight gradients)";
     if (t.bm * 2 != 128 && t.bm * 2 != 256) return "a cluster pair's tile (2 bm rows) must be 128 or 256 rows";
-    if ((spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::up_dgrad) && t.bn % 128)
+    if ((spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::gate_up_dgrad) && t.bn % 128)
       return "cluster pairs split MN-major weight stages by 64-column boxes: bn a multiple of 128";
   }
   if (t.tma_store) {
-    if (spec.family != KernelFamily::up_wgrad && spec.family != KernelFamily::down_wgrad)
+    if (spec.family != KernelFamily::gate_up_wgrad && spec.family != KernelFamily::down_wgrad)
       return "TMA-store epilogues (_tmastore) are for the weight gradients";
     if (!t.warp_specialized()) return "TMA-store epilogues are for warp-specialised tiles (_ws, _persist, _pingpong)";
     // Output rows 16-byte aligned for the [E][rows][cols] maps: dW2 rows are n wide, dW1/dW3 d.
@@ -388,8 +397,8 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
   if (!t.wgmma() && (t.bn / t.warps_n / 8) % 2) return "each warp needs an even number of n8 tiles";
   if (t.threads() > 512) return "at most 16 warps";
   if (t.stages < 2 || t.stages > 8) return "stages must be in [2, 8]";
-  const int slot_tiled = spec.family == KernelFamily::up_proj || spec.family == KernelFamily::down_proj ||
-                         spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::up_dgrad;
+  const int slot_tiled = spec.family == KernelFamily::gate_up || spec.family == KernelFamily::down_proj ||
+                         spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::gate_up_dgrad;
   if (slot_tiled && t.bm != 64 && t.bm != 128 && t.bm != 256) return "slot-tiled GEMMs need bm in {64,128,256}";
   const int nb = stacked_b_tiles(spec.family, spec.layer.activation);
   const int acc_regs = (t.bm / t.warps_m) * (t.bn / t.warps_n) * nb / 32;

@@ -11,20 +11,22 @@
 
 namespace moeblaze {
 
+// The kernels of a layer; docs/design.md lists them ("Kernels") and explains the names that
+// need it ("Glossary").
 enum class KernelFamily {
   router_logits,    // logits = x W_r^T
   router_topk,      // top-K picks and gates
   index_count,      // index build 1/3
   index_scan,       // index build 2/3
   index_scatter,    // index build 3/3
-  up_proj,          // gather(x) [W1;W3]^T, activation epilogue (forward and recompute)
+  gate_up,          // gather(x) [W1;W3]^T, activation epilogue (forward and recompute)
   down_proj,        // h W2^T per slot
   combine,          // token-major gather-sum (y, and dx over a token's K slots)
   down_dgrad,       // gather(dy) W2, activation backward + gate-gradient partials
   gate_grad,        // gate gradient: fixed-order sum of the partials
   down_wgrad,       // dW2
-  up_wgrad,         // dW1, dW3
-  up_dgrad,         // per-slot dx = [dA|dB] [W1;W3]
+  gate_up_wgrad,    // dW1, dW3
+  gate_up_dgrad,    // per-slot dx = [dA|dB] [W1;W3]
   router_backward,  // d logits
   router_dgrad,     // dx += d logits W_r
   router_wgrad,     // dW_r
@@ -33,8 +35,13 @@ enum class KernelFamily {
 };
 
 std::string to_string(KernelFamily f);
-// Throws InvalidArgument("family", ...) listing the families.
+// Reads to_string's names and the older ones (up_proj, up_wgrad, up_dgrad: cache rows,
+// baselines and command lines written before the renames); throws InvalidArgument("family", ...)
+// listing the families.
 KernelFamily parse_family(const std::string& s);
+// Every name the family has been written under: to_string's first, then its older one if any
+// (the cache's rows hold whichever was current when they were written).
+std::vector<std::string> family_names(KernelFamily f);
 const std::vector<KernelFamily>& all_families();
 // Whether a layer runs the family (router families need the built-in router, bias families
 // expert biases).

@@ -107,7 +107,12 @@ std::vector<KernelSpec> choose_tiles(const LayerConfig& layer, Arch arch, const 
       const TuningKey key = tuning_key(s.family, layer, bucket, fingerprint, o.policy);
       auto& list = winners[key.family];
       try {
-        if (list.empty()) list = cache->winners_for(key.family, key.template_hash, key.shape, key.device);
+        if (list.empty())
+          for (const std::string& name : family_names(s.family))
+            for (Winner w : cache->winners_for(name, key.template_hash, key.shape, key.device)) {
+              w.key.family = key.family;  // a row under the family's older name is the family's
+              list.push_back(std::move(w));
+            }
       } catch (const CacheError& e) {
         warn_once(&r, fmt::format("tuned tiles not read, defaults used: {}", e.what()));
       }

@@ -48,11 +48,11 @@ TmaMap encode_output_map(CUdeviceptr base, int64_t experts, int64_t rows, int64_
                          const char* name, int64_t expert_rows = 0);
 
 // The tensor maps of a TMA tile's kernel argument (TileConfig::tma_contiguous; nothing otherwise).
-void attach_weight_maps(UpProjArgs& up, const TileConfig& t, const LayerConfig& l);
+void attach_weight_maps(GateUpArgs& up, const TileConfig& t, const LayerConfig& l);
 void attach_weight_maps(DownProjArgs& down, const TileConfig& t, const LayerConfig& l, int64_t h_rows);
 void attach_weight_maps(DownDgradArgs& dd, const TileConfig& t, const LayerConfig& l);
-void attach_weight_maps(UpDgradArgs& ud, const TileConfig& t, const LayerConfig& l, int64_t slots);
-// up_wgrad reads dH (A: [slots, cols]), down_wgrad hg (B: [slots, cols], rows ld apart).
+void attach_weight_maps(GateUpDgradArgs& ud, const TileConfig& t, const LayerConfig& l, int64_t slots);
+// gate_up_wgrad reads dH (A: [slots, cols]), down_wgrad hg (B: [slots, cols], rows ld apart).
 void attach_dh_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols);
 void attach_hg_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols, int64_t ld);
 // "_tmastore" weight gradients with stored bf16 outputs (accumulation keeps the direct stores):

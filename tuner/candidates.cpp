@@ -37,7 +37,7 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
   // staging buffer takes the fourth stage's shared memory) and the 128x128 one at 4; and the
   // 4-stage direct-store tile, which wins where an expert's slots are many (the default picks
   // between them by E / K, generator/heuristics.cpp).
-  if (has_wgmma(arch) && (family == KernelFamily::up_wgrad || family == KernelFamily::down_wgrad)) {
+  if (has_wgmma(arch) && (family == KernelFamily::gate_up_wgrad || family == KernelFamily::down_wgrad)) {
     for (TileConfig t : {wgmma_tile(128, 256, 3, Mainloop::persistent), wgmma_tile(128, 128, 4, Mainloop::persistent)}) {
       t.tma_contiguous = t.tma_store = true;
       add(t);
@@ -123,7 +123,7 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
   // and the TMA-store epilogue for the weight gradients. `add` keeps them for the expert GEMMs.
   if (has_wgmma(arch)) {
     const int nb_pp = stacked_b_tiles(family, layer.activation);
-    const bool wgrad = family == KernelFamily::up_wgrad || family == KernelFamily::down_wgrad;
+    const bool wgrad = family == KernelFamily::gate_up_wgrad || family == KernelFamily::down_wgrad;
     for (auto [bm, bn, stages] : {std::tuple{128, 128 / nb_pp, 6}, std::tuple{64, 256 / nb_pp, 5}, std::tuple{128, 128 / nb_pp, 4}}) {
       TileConfig t = with_tma(pingpong_tile(bm, bn, stages));
       add(t);

@@ -84,7 +84,7 @@ std::string build_candidates(std::vector<Candidate>& cands, KernelCache& cache, 
 // ---- the outputs a candidate must reproduce ------------------------------------------
 
 bool is_forward_family(KernelFamily f) {
-  return f == KernelFamily::router_logits || f == KernelFamily::up_proj || f == KernelFamily::down_proj;
+  return f == KernelFamily::router_logits || f == KernelFamily::gate_up || f == KernelFamily::down_proj;
 }
 
 // Device outputs compared between the default and a candidate: y after forward; dx and

@@ -26,7 +26,7 @@ namespace moeblaze {
 // Per expert e: [A|B] = gather(x) [W1_e; W3_e]^T, x read once for both matrices.
 // Writes H = [A|B] (when saved) and h = act(A) * up(B) (when the down-projection needs it).
 template <class Cfg, int E, int D, int N, Activation ACT, int W_ROWS, bool BIAS>
-MB_DEV void up_proj(const UpProjArgs& p) {
+MB_DEV void gate_up(const GateUpArgs& p) {
   constexpr int G = gate_parts<ACT>();
   static_assert(Cfg::NB == G, "gated activations stack W1 and W3 tiles");
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
@@ -176,7 +176,7 @@ MB_DEV void down_wgrad(const WgradArgs& p) {
 
 // [dW1_e; dW3_e] = [dA|dB]^T gather(x): M = G*N rows of dH, N = D.
 template <class Cfg, int E, int D, int N, Activation ACT, int W_ROWS>
-MB_DEV void up_wgrad(const WgradArgs& p) {
+MB_DEV void gate_up_wgrad(const WgradArgs& p) {
   constexpr int G = gate_parts<ACT>();
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
     const gemm::WgradTile w = gemm::wgrad_tile<Cfg::BM, Cfg::BN, E, G * N, D, Cfg::ALT_ORDER>(tile, p.rv);
@@ -225,7 +225,7 @@ MB_DEV void up_wgrad(const WgradArgs& p) {
 // ---- backward: up-projection dgrad ---------------------------------------------------------
 // dx per slot = [dA|dB] [W1_e; W3_e] (one GEMM, reduction G*N); token sums come after.
 template <class Cfg, int E, int D, int N, Activation ACT, int W_ROWS>
-MB_DEV void up_dgrad(const UpDgradArgs& p) {
+MB_DEV void gate_up_dgrad(const GateUpDgradArgs& p) {
   constexpr int G = gate_parts<ACT>();
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
     const gemm::SlotTile pair = gemm::slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, D, Cfg::ALT_ORDER>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);

@@ -70,7 +70,7 @@ struct alignas(128) TmaMap {
   unsigned long long opaque[16];
 };
 
-struct UpProjArgs {      // forward and backward-recompute up-projection
+struct GateUpArgs {      // forward and backward-recompute up-projection
   RoutingView rv;
   const void* x;         // [T,d]
   const void* w1;        // [E,n,d]
@@ -139,7 +139,7 @@ struct WgradArgs {       // dW = sum over an expert's slots of A^T B (both gathe
                               // [1][BM][64] (down: dW2's columns [n_col0, +n_cols); up: dW1, dW3)
 };
 
-struct UpDgradArgs {
+struct GateUpDgradArgs {
   RoutingView rv;
   const void* dH;        // [T*K, G*n]
   const void* w1;

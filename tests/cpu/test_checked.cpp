@@ -123,5 +123,5 @@ TEST_CASE("checked: tile names are read strictly, every number bounded") {
   CHECK(has(invalid_argument_of([] { TileConfig::parse("128x128x64_w2x4_s0"); }, "tile"), "stages = 0"));
   // Within the parse bounds, the legality check still refuses what cannot run.
   const LayerConfig l = layer(8, 2, 256, 256);
-  CHECK_FALSE(legality_problem(KernelSpec{KernelFamily::up_proj, l, TileConfig::parse("64x64x64_w64x64_s3")}).empty());
+  CHECK_FALSE(legality_problem(KernelSpec{KernelFamily::gate_up, l, TileConfig::parse("64x64x64_w64x64_s3")}).empty());
 }

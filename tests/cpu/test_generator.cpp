@@ -68,8 +68,8 @@ TEST_CASE("generator: the default expert GEMM tiles compile for the small shapes
       for (const auto& s : layer_kernel_specs(l, Arch::sm_90a)) {
         INFO(to_string(s.family) << " " << s.tile.to_string());
         REQUIRE(legality_problem(s).empty());
-        if (s.family == KernelFamily::up_dgrad || s.family == KernelFamily::down_proj ||
-            s.family == KernelFamily::up_wgrad || s.family == KernelFamily::down_wgrad)
+        if (s.family == KernelFamily::gate_up_dgrad || s.family == KernelFamily::down_proj ||
+            s.family == KernelFamily::gate_up_wgrad || s.family == KernelFamily::down_wgrad)
           picked.push_back(s);
       }
       check_compiled_without_spills(compile_all(picked));
@@ -92,7 +92,7 @@ TEST_CASE("generator: every activation and router variant compiles (caller routi
         // covered by the suite test.
         std::vector<KernelSpec> picked;
         for (const auto& s : specs)
-          if (s.family == KernelFamily::up_proj || s.family == KernelFamily::down_dgrad ||
+          if (s.family == KernelFamily::gate_up || s.family == KernelFamily::down_dgrad ||
               s.family == KernelFamily::router_topk || s.family == KernelFamily::router_backward ||
               (act == Activation::swiglu && r == RouterKind::softmax_topk))
             picked.push_back(s);
@@ -112,8 +112,8 @@ TEST_CASE("generator: the up-side kernels of a fused gate_up layer compile and a
     SUBCASE(fmt::format("E={} n={}", sh[0], sh[3]).c_str()) {
       std::vector<KernelSpec> picked;
       for (const auto& s : layer_kernel_specs(l, Arch::sm_90a))
-        if (s.family == KernelFamily::up_proj || s.family == KernelFamily::up_wgrad ||
-            s.family == KernelFamily::up_dgrad) {
+        if (s.family == KernelFamily::gate_up || s.family == KernelFamily::gate_up_wgrad ||
+            s.family == KernelFamily::gate_up_dgrad) {
           picked.push_back(s);
           LayerConfig separate = l;
           separate.weight_layout = WeightLayout::separate;
@@ -143,13 +143,13 @@ TEST_CASE("generator: GPT-OSS's experts (clamped SwiGLU, expert biases, fused ga
       CHECK(l.describe().find(" bias") != std::string::npos);
       std::vector<KernelSpec> picked;
       for (const auto& s : layer_kernel_specs(l, Arch::sm_90a))
-        if (s.family == KernelFamily::up_proj || s.family == KernelFamily::down_proj ||
+        if (s.family == KernelFamily::gate_up || s.family == KernelFamily::down_proj ||
             s.family == KernelFamily::down_dgrad || s.family == KernelFamily::bias_grad ||
             s.family == KernelFamily::gate_bias_grad)
           picked.push_back(s);
       REQUIRE(picked.size() == 5);
       for (const auto& s : picked)
-        if (s.family == KernelFamily::up_proj || s.family == KernelFamily::down_proj)
+        if (s.family == KernelFamily::gate_up || s.family == KernelFamily::down_proj)
           CHECK(s.name().find("_bias") != std::string::npos);
       check_compiled_without_spills(compile_all(picked));
     }
@@ -161,7 +161,7 @@ TEST_CASE("generator: GPT-OSS's experts (clamped SwiGLU, expert biases, fused ga
 }
 
 TEST_CASE("generator: the silu-family epilogues compute the sigmoid without an IEEE division") {
-  // up_proj and down_dgrad apply the activation unrolled over a whole tile; an IEEE divide is
+  // gate_up and down_dgrad apply the activation unrolled over a whole tile; an IEEE divide is
   // ~10 instructions and a slow-path call per element, each a long dependent chain (down_dgrad
   // 19% slower with them, docs/performance.md): the sigmoid is rcp.approx(1 + exp(-a)).
   for (const Preset& p : presets()) {
@@ -170,7 +170,7 @@ TEST_CASE("generator: the silu-family epilogues compute the sigmoid without an I
       REQUIRE(p.layer.activation == Activation::swiglu);
       std::vector<KernelSpec> picked;
       for (const auto& s : layer_kernel_specs(p.layer, Arch::sm_90a))
-        if (s.family == KernelFamily::up_proj || s.family == KernelFamily::down_dgrad) picked.push_back(s);
+        if (s.family == KernelFamily::gate_up || s.family == KernelFamily::down_dgrad) picked.push_back(s);
       REQUIRE(picked.size() == 2);
       for (const auto& b : compile_all(picked, 0, true)) {  // keep the PTX
         REQUIRE(!b.compiled.ptx.empty());
@@ -330,9 +330,9 @@ void check_wgmma_tiles_compile(Pick pick, bool warp_specialized, bool persistent
       const auto built = compile_all(specs, 0, true);
       std::vector<BuiltKernel> exact;
       for (const auto& b : built) {
-        // Known: the persistent 128x128 up_proj (W1 and W3 stacked: 128 accumulators and the
+        // Known: the persistent 128x128 gate_up (W1 and W3 stacked: 128 accumulators and the
         // gated epilogue under the consumers' 200 registers) spills a few bytes (gemm/mainloop/warp_specialized.cuh).
-        if (persistent && b.generated.spec.family == KernelFamily::up_proj) {
+        if (persistent && b.generated.spec.family == KernelFamily::gate_up) {
           INFO(b.compiled.kernel_name);
           CHECK(b.compiled.resources.spill_store_bytes <= 64);
           continue;
@@ -360,8 +360,8 @@ void check_wgmma_tiles_compile(Pick pick, bool warp_specialized, bool persistent
 TEST_CASE("generator: wgmma tiles compile for every GEMM of every suite shape, use wgmma, do not spill") {
   check_wgmma_tiles_compile(
       [](KernelFamily f) {
-        // Gated up_proj stacks W1 and W3: bn 128 keeps 128 accumulators per thread.
-        return f == KernelFamily::up_proj ? wgmma_tile(128, 128, 3) : wgmma_tile(128, 128, 4);
+        // Gated gate_up stacks W1 and W3: bn 128 keeps 128 accumulators per thread.
+        return f == KernelFamily::gate_up ? wgmma_tile(128, 128, 3) : wgmma_tile(128, 128, 4);
       },
       false);
   const LayerConfig l = find_preset("qwen3-30b-a3b").layer;
@@ -374,7 +374,7 @@ TEST_CASE("generator: wgmma tiles compile for every GEMM of every suite shape, u
 TEST_CASE("generator: warp-specialised wgmma tiles compile for every GEMM of every suite shape, do not spill") {
   check_wgmma_tiles_compile(
       [](KernelFamily f) {
-        return f == KernelFamily::up_proj ? wgmma_tile(128, 128, 3, Mainloop::warp_specialized)
+        return f == KernelFamily::gate_up ? wgmma_tile(128, 128, 3, Mainloop::warp_specialized)
                : f == KernelFamily::down_proj ? wgmma_tile(128, 256, 3, Mainloop::warp_specialized)
                                               : wgmma_tile(128, 128, 4, Mainloop::warp_specialized);
       },
@@ -385,8 +385,8 @@ TEST_CASE("generator: warp-specialised wgmma tiles compile for every GEMM of eve
   CHECK(TileConfig::parse("128x128x64_w8x1_s4_ws") == ws);
   CHECK(ws.threads() == 384);
   CHECK(ws.compute_threads() == 256);
-  CHECK(legality_problem(KernelSpec{KernelFamily::up_wgrad, l, wgmma_tile(64, 128, 4, Mainloop::warp_specialized), Arch::sm_90a}).empty());
-  CHECK(!legality_problem(KernelSpec{KernelFamily::up_wgrad, l, wgmma_tile(256, 128, 3, Mainloop::warp_specialized), Arch::sm_90a})
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up_wgrad, l, wgmma_tile(64, 128, 4, Mainloop::warp_specialized), Arch::sm_90a}).empty());
+  CHECK(!legality_problem(KernelSpec{KernelFamily::gate_up_wgrad, l, wgmma_tile(256, 128, 3, Mainloop::warp_specialized), Arch::sm_90a})
              .empty());  // at most two consumer warpgroups
 }
 
@@ -395,7 +395,7 @@ TEST_CASE("generator: persistent warp-specialised tiles compile for every expert
   check_wgmma_tiles_compile(
       [](KernelFamily f) {
         if (!supports_persistent(f)) return wgmma_tile(128, 64, 4, Mainloop::warp_specialized);  // router GEMMs: one tile per block
-        return f == KernelFamily::up_proj ? wgmma_tile(128, 128, 4, Mainloop::persistent) : wgmma_tile(128, 256, 4, Mainloop::persistent);
+        return f == KernelFamily::gate_up ? wgmma_tile(128, 128, 4, Mainloop::persistent) : wgmma_tile(128, 256, 4, Mainloop::persistent);
       },
       true, true);
   const LayerConfig l = find_preset("qwen3-30b-a3b").layer;
@@ -412,7 +412,7 @@ TEST_CASE("generator: persistent warp-specialised tiles compile for every expert
   CHECK(legality_problem(KernelSpec{KernelFamily::down_dgrad, l, p, Arch::sm_90a}).empty());
 }
 
-TEST_CASE("generator: TMA tiles (up_proj, down_proj, up_wgrad, down_wgrad) compile for every suite shape and issue bulk tensor copies") {
+TEST_CASE("generator: TMA tiles (gate_up, down_proj, gate_up_wgrad, down_wgrad) compile for every suite shape and issue bulk tensor copies") {
   const TileConfig up_ws = [] { TileConfig t = wgmma_tile(128, 128, 4, Mainloop::warp_specialized); t.tma_contiguous = true; return t; }();
   const TileConfig down_ws = [] { TileConfig t = wgmma_tile(128, 256, 4, Mainloop::warp_specialized); t.tma_contiguous = true; return t; }();
   const TileConfig down_persist = [] { TileConfig t = wgmma_tile(128, 256, 4, Mainloop::persistent); t.tma_contiguous = true; return t; }();
@@ -424,24 +424,24 @@ TEST_CASE("generator: TMA tiles (up_proj, down_proj, up_wgrad, down_wgrad) compi
   const LayerConfig q = find_preset("qwen3-30b-a3b").layer;
   CHECK(legality_problem(KernelSpec{KernelFamily::router_dgrad, q, down_ws, Arch::sm_90a}) ==
         "TMA loads are for the expert GEMMs");
-  for (KernelFamily f : {KernelFamily::up_wgrad, KernelFamily::down_wgrad, KernelFamily::up_dgrad, KernelFamily::down_dgrad})
+  for (KernelFamily f : {KernelFamily::gate_up_wgrad, KernelFamily::down_wgrad, KernelFamily::gate_up_dgrad, KernelFamily::down_dgrad})
     CHECK(legality_problem(KernelSpec{f, q, down_ws, Arch::sm_90a}).empty());
   LayerConfig odd = q;
   odd.shape.ffn = 776;  // W1/W3 k stages would straddle the two matrices
-  CHECK(legality_problem(KernelSpec{KernelFamily::up_dgrad, odd, down_ws, Arch::sm_90a}).find("n % 64") != std::string::npos);
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up_dgrad, odd, down_ws, Arch::sm_90a}).find("n % 64") != std::string::npos);
   TileConfig wg_tma = wgmma_tile(128, 128, 4);
   wg_tma.tma_contiguous = true;
-  CHECK(legality_problem(KernelSpec{KernelFamily::up_proj, q, wg_tma, Arch::sm_90a}).find("warp-specialised") !=
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up, q, wg_tma, Arch::sm_90a}).find("warp-specialised") !=
         std::string::npos);
   for (const Preset& p : presets()) {
     if (!p.in_suite) continue;
     SUBCASE(p.name.c_str()) {
-      const std::vector<KernelSpec> specs{{KernelFamily::up_proj, p.layer, up_ws, Arch::sm_90a},
+      const std::vector<KernelSpec> specs{{KernelFamily::gate_up, p.layer, up_ws, Arch::sm_90a},
                                           {KernelFamily::down_proj, p.layer, down_ws, Arch::sm_90a},
                                           {KernelFamily::down_proj, p.layer, down_persist, Arch::sm_90a},
-                                          {KernelFamily::up_wgrad, p.layer, down_ws, Arch::sm_90a},
+                                          {KernelFamily::gate_up_wgrad, p.layer, down_ws, Arch::sm_90a},
                                           {KernelFamily::down_wgrad, p.layer, down_persist, Arch::sm_90a},
-                                          {KernelFamily::up_dgrad, p.layer, down_ws, Arch::sm_90a},
+                                          {KernelFamily::gate_up_dgrad, p.layer, down_ws, Arch::sm_90a},
                                           {KernelFamily::down_dgrad, p.layer, down_ws, Arch::sm_90a}};
       for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), legality_problem(s));
       const auto built = compile_all(specs, 0, true);
@@ -468,7 +468,7 @@ TEST_CASE("generator: 192-column wgmma tiles compile for the expert GEMMs (m64n1
   CHECK(persist.to_string() == "128x192x64_w8x1_s4_persist_tmacontig");
   CHECK(TileConfig::parse("128x192x64_w8x1_s4_persist_tmacontig") == persist);
   std::vector<KernelSpec> specs;
-  for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::up_dgrad, KernelFamily::up_wgrad})
+  for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::gate_up_dgrad, KernelFamily::gate_up_wgrad})
     specs.push_back({f, gpt, narrow(default_tile(f, gpt, Arch::sm_90a)), Arch::sm_90a});
   for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), legality_problem(s));
   const auto built = compile_all(specs, 0, true);
@@ -481,13 +481,13 @@ TEST_CASE("generator: 192-column wgmma tiles compile for the expert GEMMs (m64n1
   for (KernelFamily f : {KernelFamily::down_dgrad, KernelFamily::down_wgrad})
     CHECK(legality_problem(KernelSpec{f, gpt, narrow(wgmma_tile(128, 256, 4, Mainloop::warp_specialized)), Arch::sm_90a}).find("column chunks") !=
           std::string::npos);
-  // Gated up_proj stacks W1 and W3: 2 x 192 columns is more accumulators than a thread holds.
+  // Gated gate_up stacks W1 and W3: 2 x 192 columns is more accumulators than a thread holds.
   TileConfig up = narrow(wgmma_tile(128, 128, 4, Mainloop::persistent));
   up.tma_contiguous = true;
-  CHECK(legality_problem(KernelSpec{KernelFamily::up_proj, gpt, up, Arch::sm_90a}).find("accumulator registers") !=
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up, gpt, up, Arch::sm_90a}).find("accumulator registers") !=
         std::string::npos);
   // Without TMA, the cp.async loader cannot split a 192-wide row among the producer's threads.
-  CHECK(legality_problem(KernelSpec{KernelFamily::up_dgrad, gpt, narrow(wgmma_tile(128, 256, 4, Mainloop::warp_specialized)), Arch::sm_90a})
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up_dgrad, gpt, narrow(wgmma_tile(128, 256, 4, Mainloop::warp_specialized)), Arch::sm_90a})
             .find("need TMA") != std::string::npos);
 }
 
@@ -511,19 +511,19 @@ TEST_CASE("generator: _tmastore tiles (TMA-store epilogue) compile for both weig
   CHECK(wide.smem_bytes(1) == 3 * 48 * 1024 + 64 * 1024 + 1024);
   TileConfig four = wide;
   four.stages = 4;  // four stages and the staging buffer exceed the shared memory
-  CHECK(legality_problem(KernelSpec{KernelFamily::up_wgrad, q, four, Arch::sm_90a}).find("shared memory") != std::string::npos);
-  for (KernelFamily f : {KernelFamily::up_proj, KernelFamily::down_dgrad, KernelFamily::up_dgrad})
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up_wgrad, q, four, Arch::sm_90a}).find("shared memory") != std::string::npos);
+  for (KernelFamily f : {KernelFamily::gate_up, KernelFamily::down_dgrad, KernelFamily::gate_up_dgrad})
     CHECK(legality_problem(KernelSpec{f, q, wide, Arch::sm_90a}).find("weight gradients") != std::string::npos);
   TileConfig multistage = wgmma_tile(128, 128, 3);
   multistage.tma_store = true;
-  CHECK(legality_problem(KernelSpec{KernelFamily::up_wgrad, q, multistage, Arch::sm_90a}).find("warp-specialised") !=
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up_wgrad, q, multistage, Arch::sm_90a}).find("warp-specialised") !=
         std::string::npos);
   for (const Preset& p : presets()) {
     if (!p.in_suite) continue;
     SUBCASE(p.name.c_str()) {
-      const std::vector<KernelSpec> specs{{KernelFamily::up_wgrad, p.layer, wide, Arch::sm_90a},
+      const std::vector<KernelSpec> specs{{KernelFamily::gate_up_wgrad, p.layer, wide, Arch::sm_90a},
                                           {KernelFamily::down_wgrad, p.layer, wide, Arch::sm_90a},
-                                          {KernelFamily::up_wgrad, p.layer, narrow, Arch::sm_90a},
+                                          {KernelFamily::gate_up_wgrad, p.layer, narrow, Arch::sm_90a},
                                           {KernelFamily::down_wgrad, p.layer, one, Arch::sm_90a}};
       for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), legality_problem(s));
       const auto built = compile_all(specs, 0, true);
@@ -559,10 +559,10 @@ TEST_CASE("generator: the other tile order compiles for every expert GEMM and ro
   CHECK(legality_problem(KernelSpec{KernelFamily::router_logits, l, router, Arch::sm_90a}) ==
         "the other tile order (_altorder) is for wgmma tiles of the expert GEMMs");
   std::vector<KernelSpec> specs;
-  for (KernelFamily f : {KernelFamily::up_proj, KernelFamily::down_proj, KernelFamily::down_dgrad,
-                         KernelFamily::down_wgrad, KernelFamily::up_wgrad, KernelFamily::up_dgrad}) {
-    TileConfig t = f == KernelFamily::up_proj ? wgmma_tile(128, 128, 4, Mainloop::persistent) : wgmma_tile(128, 256, 4, Mainloop::warp_specialized);
-    t.tma_contiguous = f == KernelFamily::up_proj;  // the default up_proj (the cp.async _persist one spills, see above)
+  for (KernelFamily f : {KernelFamily::gate_up, KernelFamily::down_proj, KernelFamily::down_dgrad,
+                         KernelFamily::down_wgrad, KernelFamily::gate_up_wgrad, KernelFamily::gate_up_dgrad}) {
+    TileConfig t = f == KernelFamily::gate_up ? wgmma_tile(128, 128, 4, Mainloop::persistent) : wgmma_tile(128, 256, 4, Mainloop::warp_specialized);
+    t.tma_contiguous = f == KernelFamily::gate_up;  // the default gate_up (the cp.async _persist one spills, see above)
     t.alt_order = true;
     specs.push_back({f, l, t, Arch::sm_90a});
     REQUIRE_MESSAGE(legality_problem(specs.back()).empty(), legality_problem(specs.back()));
@@ -601,14 +601,14 @@ TEST_CASE("generator: ping-pong tiles compile for every expert GEMM of every sui
     if (!p.in_suite) continue;
     SUBCASE(p.name.c_str()) {
       std::vector<KernelSpec> specs;
-      for (KernelFamily f : {KernelFamily::up_proj, KernelFamily::down_proj, KernelFamily::down_dgrad,
-                             KernelFamily::up_dgrad, KernelFamily::up_wgrad, KernelFamily::down_wgrad}) {
+      for (KernelFamily f : {KernelFamily::gate_up, KernelFamily::down_proj, KernelFamily::down_dgrad,
+                             KernelFamily::gate_up_dgrad, KernelFamily::gate_up_wgrad, KernelFamily::down_wgrad}) {
         const int nb = stacked_b_tiles(f, p.layer.activation);
-        const bool wgrad = f == KernelFamily::up_wgrad || f == KernelFamily::down_wgrad;
+        const bool wgrad = f == KernelFamily::gate_up_wgrad || f == KernelFamily::down_wgrad;
         // 128 rows a warpgroup (two m64 slabs; the gated up-projection's fused W1|W3
         // instruction split over two accumulator arrays) and 64 rows with 256 columns.
         specs.push_back({f, p.layer, wgrad ? store : tma(pingpong_tile(128, 128 / nb, 6)), Arch::sm_90a});
-        if (f == KernelFamily::up_proj || f == KernelFamily::down_proj)
+        if (f == KernelFamily::gate_up || f == KernelFamily::down_proj)
           specs.push_back({f, p.layer, tma(pingpong_tile(64, 256 / nb, 5)), Arch::sm_90a});
       }
       for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), s.tile.to_string(), legality_problem(s));
@@ -643,20 +643,20 @@ TEST_CASE("generator: cluster pairs (_cluster2x1) compile for the slot-tiled exp
   const LayerConfig q = find_preset("qwen3-30b-a3b").layer;
   CHECK(KernelSpec{KernelFamily::down_proj, q, coop, Arch::sm_90a}.cluster_size() == 2);
   CHECK(KernelSpec{KernelFamily::gate_grad, q, coop, Arch::sm_90a}.cluster_size() == 1);  // down_dgrad's tile, no GEMM
-  for (KernelFamily f : {KernelFamily::up_wgrad, KernelFamily::down_wgrad})
+  for (KernelFamily f : {KernelFamily::gate_up_wgrad, KernelFamily::down_wgrad})
     CHECK(legality_problem(KernelSpec{f, q, coop, Arch::sm_90a}).find("not the weight gradients") != std::string::npos);
   TileConfig one = wgmma_tile(128, 256, 4, Mainloop::warp_specialized);
   one.tma_contiguous = true;
   one.cluster_m = 2;
   CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, q, one, Arch::sm_90a}).find("persistent TMA") != std::string::npos);
-  CHECK(legality_problem(KernelSpec{KernelFamily::up_dgrad, q, pair(wgmma_tile(128, 192, 4, Mainloop::persistent)), Arch::sm_90a})
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up_dgrad, q, pair(wgmma_tile(128, 192, 4, Mainloop::persistent)), Arch::sm_90a})
             .find("multiple of 128") != std::string::npos);
   for (const Preset& p : presets()) {
     if (!p.in_suite) continue;
     SUBCASE(p.name.c_str()) {
       std::vector<KernelSpec> specs;
-      for (KernelFamily f : {KernelFamily::up_proj, KernelFamily::down_proj, KernelFamily::down_dgrad,
-                             KernelFamily::up_dgrad}) {
+      for (KernelFamily f : {KernelFamily::gate_up, KernelFamily::down_proj, KernelFamily::down_dgrad,
+                             KernelFamily::gate_up_dgrad}) {
         const int nb = stacked_b_tiles(f, p.layer.activation);
         specs.push_back({f, p.layer, pair(wgmma_tile(128, 256 / nb, 4, Mainloop::persistent)), Arch::sm_90a});
         if (f != KernelFamily::down_dgrad) specs.push_back({f, p.layer, pair(pingpong_tile(64, 256 / nb, 5)), Arch::sm_90a});

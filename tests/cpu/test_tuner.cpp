@@ -54,7 +54,7 @@ TEST_CASE("tuner: tile configs print and parse") {
   CHECK(TileConfig::parse(t.to_string()) == t);
   CHECK_THROWS_AS(TileConfig::parse("128x128"), InvalidArgument);
   CHECK_THROWS_AS(TileConfig::parse("128x128x64_w2x4_s4junk"), InvalidArgument);
-  CHECK(parse_family("up_proj") == KernelFamily::up_proj);
+  CHECK(parse_family("gate_up") == KernelFamily::gate_up);
   CHECK_THROWS_AS(parse_family("up"), InvalidArgument);
 }
 
@@ -211,7 +211,7 @@ TEST_CASE("tuner: baselines round-trip and regressions are judged beyond the noi
   b.layer = find_preset("qwen3-30b-a3b").layer;
   b.tokens = 32768;
   b.device = "NVIDIA H200";
-  b.kernels = {{"up_proj", "128x128x64_w2x4_s3", 2.0, 0.02}, {"combine", "-", 0.5, 0.01}};
+  b.kernels = {{"gate_up", "128x128x64_w2x4_s3", 2.0, 0.02}, {"combine", "-", 0.5, 0.01}};
   const std::string path = (dir.path / "b.json").string();
   write_baseline(b, path);
   const Baseline r = read_baseline(path);
@@ -250,22 +250,22 @@ TEST_CASE("tuner: the runtime's hash is standard FNV-1a 64 and agrees with the c
 
 TEST_CASE("tuner: 192-column tiles where the output is a multiple of 192 but not of 256") {
   const LayerConfig gpt = find_preset("gpt-oss-20b").layer;  // d = n = 2880
-  // The all-TMA GEMMs take 192 by default (measured faster on the H200), up_wgrad keeps 256 and
+  // The all-TMA GEMMs take 192 by default (measured faster on the H200), gate_up_wgrad keeps 256 and
   // has the 192-wide tile as a candidate.
-  for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::up_dgrad}) {
+  for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::gate_up_dgrad}) {
     INFO(to_string(f));
     CHECK(fits_192_better(f, gpt));
     const TileConfig def = default_tile(f, gpt, Arch::sm_90a);
     CHECK(def.bn == 192);
     CHECK(legality_problem(KernelSpec{f, gpt, def, Arch::sm_90a}).empty());
   }
-  const auto c = tile_candidates(KernelFamily::up_wgrad, gpt, Arch::sm_90a, 8);
-  TileConfig narrow = default_tile(KernelFamily::up_wgrad, gpt, Arch::sm_90a);
+  const auto c = tile_candidates(KernelFamily::gate_up_wgrad, gpt, Arch::sm_90a, 8);
+  TileConfig narrow = default_tile(KernelFamily::gate_up_wgrad, gpt, Arch::sm_90a);
   REQUIRE(narrow.bn == 256);
   narrow.bn = 192;
   CHECK(std::find(c.begin(), c.end(), narrow) != c.end());
   for (const char* p : {"mixtral-8x7b", "olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-v3", "qwen3-next-80b"})
-    for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::up_dgrad}) {
+    for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::gate_up_dgrad}) {
       INFO(p << " " << to_string(f));
       CHECK(default_tile(f, find_preset(p).layer, Arch::sm_90a).bn == 256);
     }
@@ -275,7 +275,7 @@ TEST_CASE("tuner: 192-column tiles where the output is a multiple of 192 but not
 }
 
 TEST_CASE("tuner: the weight gradients default to the TMA-store epilogue where experts are many per pick") {
-  for (KernelFamily f : {KernelFamily::up_wgrad, KernelFamily::down_wgrad}) {
+  for (KernelFamily f : {KernelFamily::gate_up_wgrad, KernelFamily::down_wgrad}) {
     INFO(to_string(f));
     // E / K >= 8: few slots per expert, short reductions per tile (deepseek-v3, qwen3, gpt-oss)
     for (const char* p : {"deepseek-v3", "qwen3-30b-a3b", "qwen3-next-80b", "gpt-oss-20b", "olmoe-1b-7b"}) {
@@ -303,18 +303,18 @@ TEST_CASE("tuner: with the step's tokens known, the weight gradients' default fo
   CHECK(few_slots_per_expert(mixtral, 8192));       // 2048
   CHECK_FALSE(few_slots_per_expert(mixtral, 0));    // unknown T: E / K = 4
   CHECK(few_slots_per_expert(olmoe, 0));            // unknown T: E / K = 8
-  for (KernelFamily f : {KernelFamily::up_wgrad, KernelFamily::down_wgrad}) {
+  for (KernelFamily f : {KernelFamily::gate_up_wgrad, KernelFamily::down_wgrad}) {
     INFO(to_string(f));
     CHECK(default_tile(f, olmoe, Arch::sm_90a, 32768).to_string() == "128x256x64_w8x1_s4_persist_tmacontig");
     CHECK(default_tile(f, olmoe, Arch::sm_90a, 4096).to_string() == "128x256x64_w8x1_s3_persist_tmacontig_tmastore");
     CHECK(default_tile(f, mixtral, Arch::sm_90a, 2048).to_string() == "128x256x64_w8x1_s3_persist_tmacontig_tmastore");
     // the other families do not depend on T
-    for (KernelFamily g : {KernelFamily::up_proj, KernelFamily::down_proj, KernelFamily::down_dgrad})
+    for (KernelFamily g : {KernelFamily::gate_up, KernelFamily::down_proj, KernelFamily::down_dgrad})
       CHECK(default_tile(g, olmoe, Arch::sm_90a, 32768) == default_tile(g, olmoe, Arch::sm_90a));
   }
   // the runtime's specs take the same hint
   for (const auto& s : layer_kernel_specs(olmoe, Arch::sm_90a, 32768))
-    if (s.family == KernelFamily::up_wgrad) CHECK_FALSE(s.tile.tma_store);
+    if (s.family == KernelFamily::gate_up_wgrad) CHECK_FALSE(s.tile.tma_store);
 }
 
 TEST_CASE("tuner: down_dgrad defaults to the persistent 128x256 tile where its reduction (d) is long") {

@@ -1,7 +1,7 @@
-// The names of docs/design.md's glossary, no GPU: tile names and target names
-// round-trip, the older spellings still read as the same configurations (cache rows, baselines
-// and command lines that hold them keep working), and the host's and the templates' names of a
-// mainloop agree.
+// The names of docs/design.md's glossary, no GPU: tile, family and target names round-trip;
+// the older spellings still read as the same configurations and families, so cache rows,
+// regress baselines and command lines that hold them keep working; the host's and the
+// templates' names of a mainloop agree.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -9,10 +9,15 @@
 
 #include <fmt/format.h>
 
+#include "cache_test_util.hpp"
 #include "core/errors.hpp"
+#include "generator/heuristics.hpp"
 #include "generator/kernel_spec.hpp"
+#include "runtime/cache_keys.hpp"
 #include "runtime/cuda_driver.hpp"
+#include "runtime/kernel_loader.hpp"
 #include "runtime/nvrtc_compiler.hpp"
+#include "tuner/measure.hpp"
 
 using namespace moeblaze;
 
@@ -144,4 +149,102 @@ TEST_CASE("vocabulary: target names") {
   ada.cc_major = 8;
   ada.cc_minor = 9;
   CHECK(to_string(ada.arch()) == "sm_89");
+}
+
+TEST_CASE("vocabulary: kernel families and their older names") {
+  const std::pair<KernelFamily, const char*> renamed[] = {{KernelFamily::gate_up, "up_proj"},
+                                                         {KernelFamily::gate_up_wgrad, "up_wgrad"},
+                                                         {KernelFamily::gate_up_dgrad, "up_dgrad"}};
+  for (const auto& [f, older] : renamed) {
+    INFO(older);
+    CHECK(parse_family(older) == f);
+    CHECK(parse_family(to_string(f)) == f);
+    CHECK(family_names(f) == std::vector<std::string>{to_string(f), older});
+  }
+  CHECK(to_string(KernelFamily::gate_up) == "gate_up");
+  CHECK(to_string(KernelFamily::gate_up_wgrad) == "gate_up_wgrad");
+  CHECK(to_string(KernelFamily::gate_up_dgrad) == "gate_up_dgrad");
+  for (KernelFamily f : all_families()) {
+    CHECK(parse_family(to_string(f)) == f);
+    CHECK(family_names(f).front() == to_string(f));
+  }
+  CHECK(family_names(KernelFamily::down_proj) == std::vector<std::string>{"down_proj"});
+  CHECK_THROWS_AS(parse_family("up"), InvalidArgument);
+  LayerConfig l;
+  l.shape = {8, 2, 256, 128};
+  CHECK(KernelSpec{KernelFamily::gate_up, l, TileConfig{}}.name().rfind("mb_gate_up_E8_K2_d256_n128_swiglu_", 0) == 0);
+}
+
+TEST_CASE("vocabulary: a cache's rows under the older names are read, imported and loaded") {
+  using namespace cache_test;
+  TempDir dir;
+  LayerConfig layer;
+  layer.shape = {8, 2, 256, 128};
+  const std::string device = "test device", policy = "policy";
+  const char* older_tile = "128x128x64_w8x1_s4_wsp_tma_swap";
+  const TileConfig tile = TileConfig::parse("128x128x64_w8x1_s4_persist_tmacontig_altorder");
+  // The import's row check takes both spellings.
+  CHECK(tuning_row_problem("up_proj", older_tile).empty());
+  CHECK(tuning_row_problem("up_dgrad", "128x256x64_w8x1_s4_ws_tma").empty());
+  CHECK(tuning_row_problem("up", older_tile) == "unknown kernel family");
+
+  // A winner and a measurement as a cache written before the renames holds them: the family
+  // under its older name, the tile in the older spelling.
+  const std::string old_file = dir.file("old.db");
+  {
+    KernelCache old_cache(old_file);
+    TuningKey key = tuning_key(KernelFamily::gate_up, layer, 4096, device, policy);
+    key.family = "up_proj";
+    old_cache.put_winner(Winner{key, older_tile, 1.0, 0.01, 2.0, 0});
+    Measurement m;
+    m.key = key;
+    m.config = older_tile;
+    m.median_ms = 1.0;
+    m.samples = 10;
+    old_cache.add_measurements({m});
+  }
+  KernelCache c(dir.file("kernels.db"));
+  const ImportReport r = c.import_from(old_file, tuning_row_problem);
+  CHECK(r.winners.taken == 1);
+  CHECK(r.measurements.taken == 1);
+  CHECK(r.skipped.empty());
+
+  // The loader finds the winner for gate_up and runs its tile (legal for the layer, and not
+  // its default: the default alone would pass unnoticed).
+  REQUIRE(legality_problem(KernelSpec{KernelFamily::gate_up, layer, tile}).empty());
+  REQUIRE_FALSE(tile == default_tile(KernelFamily::gate_up, layer, Arch::sm_90a, 4096));
+  LoadReport report;
+  const std::vector<KernelSpec> specs =
+      choose_tiles(layer, Arch::sm_90a, device, &c, LoadOptions{4096, policy, {}}, report);
+  bool found = false;
+  for (size_t i = 0; i < specs.size(); ++i)
+    if (specs[i].family == KernelFamily::gate_up) {
+      found = true;
+      CHECK(specs[i].tile == tile);
+      CHECK(report.kernels[i].tile_source == TileSource::tuned_exact);
+    }
+  CHECK(found);
+  CHECK(report.warnings.empty());
+}
+
+TEST_CASE("vocabulary: a regress baseline under the older names compares with today's kernels") {
+  cache_test::TempDir dir;
+  Baseline b;
+  b.layer = find_preset("qwen3-30b-a3b").layer;
+  b.tokens = 32768;
+  b.kernels = {{"up_proj", "128x128x64_w8x1_s4_wsp_tma", 2.0, 0.02},
+               {"up_wgrad", "128x256x64_w8x1_s3_wsp_tma_tstore", 3.0, 0.03},
+               {"combine", "-", 0.5, 0.01}};
+  const std::string path = (dir.path / "older.json").string();
+  write_baseline(b, path);
+  const Baseline read = read_baseline(path);
+  REQUIRE(read.kernels.size() == 3);
+  CHECK(read.kernels[0].family == "gate_up");
+  CHECK(read.kernels[0].tile == "128x128x64_w8x1_s4_persist_tmacontig");
+  CHECK(read.kernels[1].family == "gate_up_wgrad");
+  CHECK(read.kernels[1].tile == "128x256x64_w8x1_s3_persist_tmacontig_tmastore");
+  CHECK(read.kernels[2].tile == "-");
+  Baseline now = read;  // what bench_layer reports: today's names
+  const auto lines = compare_to_baseline(read, now, 0.10);
+  for (const auto& l : lines) CHECK_FALSE(l.slower);
 }

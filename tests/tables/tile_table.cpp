@@ -47,7 +47,7 @@ const TableShape kRaggedTma = small({60, 4, 192, 256}, 777, Activation::geglu);
 const TableShape kChunked = small({8, 2, 128, 1000}, 1000);
 const TableShape kChunkedSkewed = small({8, 2, 128, 1000}, 1000, Activation::swiglu, RoutingDistribution::skewed);
 const TableShape kChunkedGelu = small({6, 2, 192, 520}, 777, Activation::gelu);
-// TMA-store boxes: partial column boxes (d = 200), and up_wgrad tiles straddling dW1 | dW3 (n = 200).
+// TMA-store boxes: partial column boxes (d = 200), and gate_up_wgrad tiles straddling dW1 | dW3 (n = 200).
 const TableShape kStoreCols = small({60, 4, 200, 256}, 777);
 const TableShape kStoreStraddle = small({60, 4, 200, 200}, 777, Activation::geglu);
 // 192-wide tiles: exact, ragged and skewed columns.
@@ -77,9 +77,9 @@ TileKind forced(std::string name, std::string what, std::vector<std::string> pai
 TileKind wgmma_kind(const std::string& suffix) {
   const std::string router = suffix == "_persist" ? "_ws" : suffix;
   const std::string wide = suffix == "_persist" ? "256" : "128";
-  std::vector<std::string> pairs = {"up_proj=128x128x64_w8x1_s3" + suffix, "down_proj=128x256x64_w8x1_s3" + suffix,
+  std::vector<std::string> pairs = {"gate_up=128x128x64_w8x1_s3" + suffix, "down_proj=128x256x64_w8x1_s3" + suffix,
                                     "router_logits=128x64x64_w8x1_s4" + router};
-  for (const char* f : {"down_dgrad", "down_wgrad", "up_wgrad", "up_dgrad"})
+  for (const char* f : {"down_dgrad", "down_wgrad", "gate_up_wgrad", "gate_up_dgrad"})
     pairs.push_back(fmt::format("{}=128x{}x64_w8x1_s4{}", f, wide, suffix));
   for (const char* f : {"router_dgrad", "router_wgrad"}) pairs.push_back(fmt::format("{}=128x128x64_w8x1_s4{}", f, router));
   return forced(suffix.substr(1), "every GEMM family on " + suffix + " tiles", pairs);
@@ -105,12 +105,12 @@ TileKind from_defaults(std::string name, std::string what, Arch arch,
 }
 
 // The expert GEMMs on one ping-pong tile (two consumer warpgroups on alternate tiles), TMA for
-// the operands that are not gathered; bn counts W1 and W3 together for the gated up_proj.
+// the operands that are not gathered; bn counts W1 and W3 together for the gated gate_up.
 TileKind pingpong_kind(std::string name, std::string what, int bm, int bn, int stages, bool tma_store, int cluster) {
   return from_defaults(std::move(name), std::move(what), Arch::sm_90a,
                        [=](KernelFamily f, const LayerConfig& l, TileConfig& t) {
                          if (!supports_persistent(f)) return false;
-                         const bool wgrad = f == KernelFamily::up_wgrad || f == KernelFamily::down_wgrad;
+                         const bool wgrad = f == KernelFamily::gate_up_wgrad || f == KernelFamily::down_wgrad;
                          if (tma_store && !wgrad) return false;
                          t = pingpong_tile(bm, bn / stacked_b_tiles(f, l.activation), stages);
                          t.tma_contiguous = true;
@@ -138,25 +138,25 @@ TileKind tma_kind(std::string name, const std::string& families, const std::vect
   return forced(std::move(name), families + (persistent ? ": persistent" : ": warp-specialised") + ", TMA loads", pairs);
 }
 
-const std::vector<std::string> kProjections = {"up_proj:128", "down_proj:256"};
-const std::vector<std::string> kWgrads = {"up_wgrad:256", "down_wgrad:256"};
-const std::vector<std::string> kDgrads = {"up_dgrad:256", "down_dgrad:256"};
-const TileKind kTma = tma_kind("tma", "up_proj, down_proj", kProjections, false);
-const TileKind kTmaP = tma_kind("tma-persistent", "up_proj, down_proj", kProjections, true);
-const TileKind kTmaWgrad = tma_kind("tma-wgrad", "up_wgrad (dH), down_wgrad (hg)", kWgrads, false);
-const TileKind kTmaWgradP = tma_kind("tma-wgrad-persistent", "up_wgrad, down_wgrad", kWgrads, true);
-const TileKind kTmaDgrad = tma_kind("tma-dgrad", "up_dgrad, down_dgrad", kDgrads, false);
-const TileKind kTmaDgradP = tma_kind("tma-dgrad-persistent", "up_dgrad, down_dgrad", kDgrads, true);
+const std::vector<std::string> kProjections = {"gate_up:128", "down_proj:256"};
+const std::vector<std::string> kWgrads = {"gate_up_wgrad:256", "down_wgrad:256"};
+const std::vector<std::string> kDgrads = {"gate_up_dgrad:256", "down_dgrad:256"};
+const TileKind kTma = tma_kind("tma", "gate_up, down_proj", kProjections, false);
+const TileKind kTmaP = tma_kind("tma-persistent", "gate_up, down_proj", kProjections, true);
+const TileKind kTmaWgrad = tma_kind("tma-wgrad", "gate_up_wgrad (dH), down_wgrad (hg)", kWgrads, false);
+const TileKind kTmaWgradP = tma_kind("tma-wgrad-persistent", "gate_up_wgrad, down_wgrad", kWgrads, true);
+const TileKind kTmaDgrad = tma_kind("tma-dgrad", "gate_up_dgrad, down_dgrad", kDgrads, false);
+const TileKind kTmaDgradP = tma_kind("tma-dgrad-persistent", "gate_up_dgrad, down_dgrad", kDgrads, true);
 const TileKind kDgradWs256 = forced("dgrad-ws256", "down_dgrad: warp-specialised 128x256, cp.async loads",
                                     {"down_dgrad=128x256x64_w8x1_s4_ws"});
-const TileKind k192Wide = forced("bn192", "192-wide tiles: down_proj, up_dgrad, up_wgrad",
-                                 {"down_proj=128x192x64_w8x1_s4_persist_tmacontig", "up_dgrad=128x192x64_w8x1_s4_ws_tmacontig",
-                                  "up_wgrad=128x192x64_w8x1_s4_persist_tmacontig"});
-const TileKind kTmaStore = forced("tmastore", "up_wgrad, down_wgrad: TMA-store epilogue, persistent 128x256",
-                                {"up_wgrad=128x256x64_w8x1_s3_persist_tmacontig_tmastore",
+const TileKind k192Wide = forced("bn192", "192-wide tiles: down_proj, gate_up_dgrad, gate_up_wgrad",
+                                 {"down_proj=128x192x64_w8x1_s4_persist_tmacontig", "gate_up_dgrad=128x192x64_w8x1_s4_ws_tmacontig",
+                                  "gate_up_wgrad=128x192x64_w8x1_s4_persist_tmacontig"});
+const TileKind kTmaStore = forced("tmastore", "gate_up_wgrad, down_wgrad: TMA-store epilogue, persistent 128x256",
+                                {"gate_up_wgrad=128x256x64_w8x1_s3_persist_tmacontig_tmastore",
                                  "down_wgrad=128x256x64_w8x1_s3_persist_tmacontig_tmastore"});
 const TileKind kTmaStoreMixed = forced("tmastore-mixed", "TMA-store epilogue: 128x128 persistent, and cp.async loads",
-                                     {"up_wgrad=128x128x64_w8x1_s4_persist_tmacontig_tmastore",
+                                     {"gate_up_wgrad=128x128x64_w8x1_s4_persist_tmacontig_tmastore",
                                       "down_wgrad=128x256x64_w8x1_s3_ws_tmastore"});
 const TileKind kDgradWide = forced("dgrad-wide", "down_dgrad: persistent 128x256, TMA loads",
                                    {"down_dgrad=128x256x64_w8x1_s4_persist_tmacontig"});

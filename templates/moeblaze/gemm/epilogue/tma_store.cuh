@@ -12,7 +12,7 @@
 // Output maps are 3-D, [experts][rows][cols] (runtime/tma.cpp encode_output_map), box
 // [1][BM][64]: rows past an expert's last and columns past the last are out of range, and a
 // TMA store writes nothing there, so partial tiles need no masks. A tile that straddles two
-// output matrices (up_wgrad's dW1 | dW3 when n % BM != 0) keeps the direct stores: a TMA
+// output matrices (gate_up_wgrad's dW1 | dW3 when n % BM != 0) keeps the direct stores: a TMA
 // store at a negative coordinate (its dW3 part, rows before dW3's first) is an illegal
 // instruction on the H200, unlike boxes that run past the far edges, which are clipped.
 //
