@@ -42,8 +42,8 @@ DESCRIPTIONS = {
 }
 
 _MOEBLAZE_NAME = re.compile(r"^mb_([a-z_]+?)_E\d+_K\d+")
-# Families under their older names (docs/design.md, "Glossary"), as kernels built before the
-# renames are named.
+# Families under their older names (docs/design.md, "Glossary"), as kernels built by an older
+# revision are named.
 _OLDER_FAMILY = {"up_proj": "gate_up", "up_wgrad": "gate_up_wgrad", "up_dgrad": "gate_up_dgrad"}
 _MOEBLAZE_FAMILY = {
     "router_logits": "router", "router_topk": "router",

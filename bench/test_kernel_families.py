@@ -47,7 +47,7 @@ def test_moeblaze_families_come_from_the_generated_names():
         assert how == ("none" if want == "other" else "name")
 
 
-def test_moeblaze_kernels_built_before_the_renames_keep_their_families():
+def test_moeblaze_kernels_of_an_older_revision_keep_their_families():
     cases = {
         (MB.format("up_proj") + "_swiglu_128x256x64_w8x1_s4_wsp_tma", "forward"): "gate_up",
         (MB.format("up_proj") + "_swiglu_128x256x64_w8x1_s4_wsp_tma", "backward"): "recompute",

@@ -23,8 +23,8 @@ import pathlib
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
-# Families under their older names (docs/design.md, "Glossary"): the suite runs recorded before
-# the renames (bench/results/) name them so.
+# Families under their older names (docs/design.md, "Glossary"), which earlier suite runs
+# (bench/results/) record.
 OLDER_FAMILY = {"up_proj": "gate_up", "up_wgrad": "gate_up_wgrad", "up_dgrad": "gate_up_dgrad"}
 
 

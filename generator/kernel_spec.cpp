@@ -50,12 +50,12 @@ const FamilyInfo& info(KernelFamily f) {
   throw Error("unknown kernel family");
 }
 
-// Each mainloop's tile-name suffix, and the one tile names had before the vocabulary of
-// docs/design.md ("Glossary"), which parse() still reads.
+// Each mainloop's tile-name suffix and its older one (docs/design.md, "Glossary"), which
+// parse() still reads.
 struct MainloopName {
   Mainloop mainloop;
   const char* suffix;
-  const char* legacy;
+  const char* older;
   const char* literal;  // the enumerator in generated source
 };
 const MainloopName kMainloopNames[] = {
@@ -256,7 +256,7 @@ TileConfig TileConfig::parse(const std::string& s) {
     at += n;
     return true;
   };
-  auto either = [&](const char* name, const char* legacy) { return suffix(name) || suffix(legacy); };
+  auto either = [&](const char* name, const char* older) { return suffix(name) || suffix(older); };
   auto number = [&](int lo, int hi, const char* what) {
     int v = 0, digits = 0;
     while (at < s.size() && std::isdigit(static_cast<unsigned char>(s[at])) && digits < 5) v = v * 10 + (s[at++] - '0'), ++digits;
@@ -278,7 +278,7 @@ TileConfig TileConfig::parse(const std::string& s) {
   if (!literal("_s")) throw malformed();
   t.stages = number(1, 64, "stages");
   for (const MainloopName& m : kMainloopNames)
-    if (*m.suffix && either(m.suffix, m.legacy)) {
+    if (*m.suffix && either(m.suffix, m.older)) {
       t.mainloop = m.mainloop;
       break;
     }

@@ -35,9 +35,9 @@ enum class KernelFamily {
 };
 
 std::string to_string(KernelFamily f);
-// Reads to_string's names and the older ones (up_proj, up_wgrad, up_dgrad: cache rows,
-// baselines and command lines written before the renames); throws InvalidArgument("family", ...)
-// listing the families.
+// Reads to_string's names and the older ones (up_proj, up_wgrad, up_dgrad; docs/design.md,
+// "Glossary"), which cache rows, baselines and command lines may still hold; throws
+// InvalidArgument("family", ...) listing the families.
 KernelFamily parse_family(const std::string& s);
 // Every name the family has been written under: to_string's first, then its older one if any
 // (the cache's rows hold whichever was current when they were written).
@@ -99,7 +99,7 @@ struct TileConfig {
   // "128x128x64_w2x4_s3", "128x256x64_w8x1_s4_persist_tmacontig", ...
   std::string to_string() const;
   // Inverse of to_string, also reading the older suffixes (_wg, _wsp, _pp, _tma, _tstore, _swap,
-  // _c2: cache rows, baselines and command lines written before the renames); throws
+  // _c2), which cache rows, baselines and command lines may still hold; throws
   // InvalidArgument("tile", ...) on a malformed string.
   static TileConfig parse(const std::string& s);
   bool operator==(const TileConfig&) const = default;

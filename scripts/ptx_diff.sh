@@ -38,8 +38,8 @@ import difflib, json, re, sys
 from pathlib import Path
 
 out, presets = Path(sys.argv[1]), sys.argv[2:]
-# Families under their older names (docs/design.md, "Glossary"), as a reference revision from
-# before the renames writes them.
+# Families under their older names (docs/design.md, "Glossary"), as an older reference
+# revision writes them.
 OLDER_FAMILY = {"up_proj": "gate_up", "up_wgrad": "gate_up_wgrad", "up_dgrad": "gate_up_dgrad"}
 # gemm::Tile's members under their older names: every static member of the tile is a global
 # symbol of the kernel's PTX, mangled as ...4TileI<arguments>E<length><name>E.

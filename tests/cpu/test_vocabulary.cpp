@@ -55,8 +55,8 @@ TEST_CASE("vocabulary: every tile kind writes its name and reads it back") {
 }
 
 TEST_CASE("vocabulary: the older tile suffixes read as the same configurations") {
-  // Older spelling -> today's: _wg, _wsp, _pp, _tma, _tstore, _swap, _c2 (cache rows, the
-  // regress baselines and command lines written before the renames hold them).
+  // Older spelling -> today's: _wg, _wsp, _pp, _tma, _tstore, _swap, _c2, as cache rows, regress
+  // baselines and command lines may still hold them.
   const std::pair<const char*, const char*> renamed[] = {
       {"128x128x64_w8x1_s3_wg", "128x128x64_w8x1_s3_wgmma"},
       {"128x256x64_w8x1_s4_ws", "128x256x64_w8x1_s4_ws"},
@@ -188,8 +188,8 @@ TEST_CASE("vocabulary: a cache's rows under the older names are read, imported a
   CHECK(tuning_row_problem("up_dgrad", "128x256x64_w8x1_s4_ws_tma").empty());
   CHECK(tuning_row_problem("up", older_tile) == "unknown kernel family");
 
-  // A winner and a measurement as a cache written before the renames holds them: the family
-  // under its older name, the tile in the older spelling.
+  // A winner and a measurement as an older revision's cache holds them: the family under its
+  // older name, the tile in the older spelling.
   const std::string old_file = dir.file("old.db");
   {
     KernelCache old_cache(old_file);
