@@ -10,8 +10,8 @@ so the family is in the name. SonicMoE: each step of its layer is a torch.librar
 (sonicmoe/functional: `sonicmoe::_up_projection_forward`, ...), so the enclosing op names the
 family; where the profiler linked no op, the QuACK kernel's name does (`GemmGated` = the gated
 up-projection, `GemmDGated` = the dSwiGLU GEMM), and the plain GEMMs (`GemmDefault`) go by the
-order they run in: down_proj in the forward; down_wgrad, up_dgrad, up_wgrad in the backward
-(its autograd runs the down projection's backward first, act then weight, then the up
+order they run in: down_proj in the forward; down_wgrad, gate_up_dgrad, gate_up_wgrad in the
+backward (its autograd runs the down projection's backward first, act then weight, then the up
 projection's). Every mapping says how it was made ("name", "op", "order", "none"), and the
 raw kernels are always listed, so a wrong guess is visible after the first GPU run."""
 from __future__ import annotations
@@ -20,21 +20,21 @@ import re
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 # Rows of the comparison, in the order a step runs them.
-FAMILIES = ("router", "index_build", "up_proj", "down_proj", "combine", "recompute", "down_dgrad", "gate_grad",
-            "down_wgrad", "up_dgrad", "up_wgrad", "bias_grad", "dx_combine", "router_backward", "other")
-GEMMS = ("up_proj", "down_proj", "down_dgrad", "down_wgrad", "up_dgrad", "up_wgrad")
+FAMILIES = ("router", "index_build", "gate_up", "down_proj", "combine", "recompute", "down_dgrad", "gate_grad",
+            "down_wgrad", "gate_up_dgrad", "gate_up_wgrad", "bias_grad", "dx_combine", "router_backward", "other")
+GEMMS = ("gate_up", "down_proj", "down_dgrad", "down_wgrad", "gate_up_dgrad", "gate_up_wgrad")
 DESCRIPTIONS = {
     "router": "router logits GEMM + top-k / gates",
     "index_build": "routing metadata (counts, offsets, gather/scatter indices)",
-    "up_proj": "gathered x [W1;W3]^T + SwiGLU epilogue (keeps H)",
+    "gate_up": "gathered x [W1;W3]^T + SwiGLU epilogue (keeps H)",
     "down_proj": "h W2^T per slot",
     "combine": "gate-weighted sum of a token's K outputs (y)",
     "recompute": "the forward GEMMs rerun in the backward (recompute mode)",
     "down_dgrad": "gathered dy W2 + dSwiGLU epilogue (dH, gate partials)",
     "gate_grad": "gate gradient from the partials",
     "down_wgrad": "dW2",
-    "up_dgrad": "per-slot dx = dH [W1;W3]",
-    "up_wgrad": "dW1, dW3",
+    "gate_up_dgrad": "per-slot dx = dH [W1;W3]",
+    "gate_up_wgrad": "dW1, dW3",
     "bias_grad": "expert biases' gradients (layers with expert biases: GPT-OSS)",
     "dx_combine": "sum of a token's K dx rows",
     "router_backward": "router backward (d logits, dx += d logits W_r, dW_r)",
@@ -42,11 +42,14 @@ DESCRIPTIONS = {
 }
 
 _MOEBLAZE_NAME = re.compile(r"^mb_([a-z_]+?)_E\d+_K\d+")
+# Families under their older names (docs/design.md, "Glossary"), as kernels built by an older
+# revision are named.
+_OLDER_FAMILY = {"up_proj": "gate_up", "up_wgrad": "gate_up_wgrad", "up_dgrad": "gate_up_dgrad"}
 _MOEBLAZE_FAMILY = {
     "router_logits": "router", "router_topk": "router",
     "index_count": "index_build", "index_scan": "index_build", "index_scatter": "index_build",
-    "down_dgrad": "down_dgrad", "gate_grad": "gate_grad", "down_wgrad": "down_wgrad", "up_wgrad": "up_wgrad",
-    "up_dgrad": "up_dgrad", "router_backward": "router_backward", "router_dgrad": "router_backward",
+    "down_dgrad": "down_dgrad", "gate_grad": "gate_grad", "down_wgrad": "down_wgrad", "gate_up_wgrad": "gate_up_wgrad",
+    "gate_up_dgrad": "gate_up_dgrad", "router_backward": "router_backward", "router_dgrad": "router_backward",
     "router_wgrad": "router_backward", "bias_grad": "bias_grad", "gate_bias_grad": "gate_grad",
 }
 
@@ -56,8 +59,8 @@ def moeblaze_family(name: str, phase: str) -> Tuple[str, str]:
     m = _MOEBLAZE_NAME.match(name)
     if not m:
         return "other", "none"
-    fam = m.group(1)
-    if fam in ("up_proj", "down_proj"):
+    fam = _OLDER_FAMILY.get(m.group(1), m.group(1))
+    if fam in ("gate_up", "down_proj"):
         return (fam if phase == "forward" else "recompute"), "name"
     if fam == "combine":
         return ("combine" if phase == "forward" else "dx_combine"), "name"
@@ -69,13 +72,13 @@ _SONIC_OPS = {
     "sonicmoe::_topk_fwd": "router", "sonicmoe::_softmax_topk_fwd": "router",
     "triton_kernels::TC_topk_router_metadata": "index_build",
     "triton_kernels::general_routing_router_metadata": "index_build",
-    "sonicmoe::_up_projection_forward": "up_proj",
+    "sonicmoe::_up_projection_forward": "gate_up",
     "sonicmoe::_down_projection_forward": "down_proj",
     "sonicmoe::_router_forward": "combine",
     "sonicmoe::_down_projection_backward_act": "down_dgrad",
     "sonicmoe::_down_projection_backward_weight": "down_wgrad",
-    "sonicmoe::_up_projection_backward_act": "up_dgrad",
-    "sonicmoe::_up_projection_backward_weight": "up_wgrad",
+    "sonicmoe::_up_projection_backward_act": "gate_up_dgrad",
+    "sonicmoe::_up_projection_backward_weight": "gate_up_wgrad",
     "sonicmoe::_token_broadcast_backward": "dx_combine",
     "sonicmoe::_topk_softmax_bwd": "router_backward", "sonicmoe::_topk_bwd": "router_backward",
 }
@@ -97,7 +100,7 @@ _SONIC_NAMES = (  # Triton / CuTe kernels of SonicMoE outside the GEMMs, by name
     (re.compile(r"db2_and_ds"), ("gate_grad", "gate_grad")),
     (re.compile(r"topk|TopK|softmax_fwd"), ("router", "router_backward")),
 )
-BACKWARD_PLAIN_GEMMS = ("down_wgrad", "up_dgrad", "up_wgrad")
+BACKWARD_PLAIN_GEMMS = ("down_wgrad", "gate_up_dgrad", "gate_up_wgrad")
 
 
 def is_quack_gemm(name: str) -> bool:
@@ -123,7 +126,7 @@ def sonicmoe_family(name: str, ops: Sequence[str], phase: str, plain_gemm_index:
     if _QUACK_DGATED.search(name):
         return "down_dgrad", "name"
     if _QUACK_GATED.search(name):
-        return "up_proj", "name"
+        return "gate_up", "name"
     if _QUACK_GEMM.search(name):
         if fwd:
             return ("down_proj" if plain_gemm_index == 0 else "other"), "order"

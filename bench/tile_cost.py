@@ -23,6 +23,9 @@ import pathlib
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
+# Families under their older names (docs/design.md, "Glossary"), which earlier suite runs
+# (bench/results/) record.
+OLDER_FAMILY = {"up_proj": "gate_up", "up_wgrad": "gate_up_wgrad", "up_dgrad": "gate_up_dgrad"}
 
 
 def tile_dims(tile):
@@ -36,15 +39,15 @@ def tile_geometry(family, shape, bm, bn):
     E, K, d, n, T = shape["E"], shape["K"], shape["d"], shape["n"], shape["T"]
     slots = T * K / E  # per expert, random routing
     m_tiles = E * math.ceil(slots / bm)  # slot-tiled GEMMs: an expert's rows in BM blocks
-    if family == "up_proj":  # [A|B]: BN columns of W1 and of W3 per block
+    if family == "gate_up":  # [A|B]: BN columns of W1 and of W3 per block
         return m_tiles * math.ceil(n / bn), math.ceil(d / 64), 2 * bm * 2 * bn * 64
     if family == "down_proj":
         return m_tiles * math.ceil(d / bn), math.ceil(n / 64), 2 * bm * bn * 64
     if family == "down_dgrad":
         return m_tiles * math.ceil(n / bn), math.ceil(d / 64), 2 * bm * bn * 64
-    if family == "up_dgrad":
+    if family == "gate_up_dgrad":
         return m_tiles * math.ceil(d / bn), math.ceil(2 * n / 64), 2 * bm * bn * 64
-    if family == "up_wgrad":  # [dW1; dW3]: M = 2n, N = d, k = an expert's slots
+    if family == "gate_up_wgrad":  # [dW1; dW3]: M = 2n, N = d, k = an expert's slots
         return E * math.ceil(2 * n / bm) * math.ceil(d / bn), math.ceil(slots / 64), 2 * bm * bn * 64
     if family == "down_wgrad":  # dW2: M = d, N = n
         return E * math.ceil(d / bm) * math.ceil(n / bn), math.ceil(slots / 64), 2 * bm * bn * 64
@@ -78,13 +81,14 @@ def tile_costs(results, shapes, sms=132):
         for k in report.get("kernels", []):
             if k.get("tile", "-") == "-":
                 continue
+            family = OLDER_FAMILY.get(k["family"], k["family"])
             bm, bn = tile_dims(k["tile"])
-            geo = tile_geometry(k["family"], shape, bm, bn)
+            geo = tile_geometry(family, shape, bm, bn)
             if geo is None:
                 continue
             tiles, k_steps, flops = geo
             us_per_tile = k["ms"] * 1e3 * sms / tiles
-            groups.setdefault((k["family"], k["tile"]), []).append((shape_name, k_steps, us_per_tile, flops))
+            groups.setdefault((family, k["tile"]), []).append((shape_name, k_steps, us_per_tile, flops))
     out = []
     for (family, tile), rows in sorted(groups.items()):
         if len({r[1] for r in rows}) < 2 or len(rows) < 3:

@@ -53,7 +53,7 @@ struct CachedBinary {
 
 // What a tuning result is valid for.
 struct TuningKey {
-  std::string family;         // kernel family, e.g. "up_proj"
+  std::string family;         // kernel family, e.g. "gate_up"
   std::string template_hash;  // hash of the kernel templates
   std::string shape;          // layer shape compiled in, e.g. "E=128 K=8 d=2048 n=768 swiglu router=softmax,renorm"
   int64_t token_bucket = 0;   // tokens rounded up to a power of two

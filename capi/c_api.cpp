@@ -221,7 +221,7 @@ void copy_out(const std::string& s, char* buf, size_t size) {
   buf[n] = '\0';
 }
 
-int dgrad_bn_default(const LayerConfig& l) { return default_tile(KernelFamily::down_dgrad, l, "sm_90a").bn; }
+int dgrad_bn_default(const LayerConfig& l) { return default_tile(KernelFamily::down_dgrad, l, Arch::sm_90a).bn; }
 
 // Token counts given to the library: T >= 1 and T*K within the slot limit (core/checked.hpp).
 void check_tokens(int64_t tokens, const LayerConfig& l, const char* argument) {

@@ -106,7 +106,7 @@ Command plan_command() {
   c.run = [st] {
     const LayerConfig l = st->shape.layer();
     const int64_t T = st->shape.token_count(0);
-    const int bn = default_tile(KernelFamily::down_dgrad, l, "sm_90a").bn;
+    const int bn = default_tile(KernelFamily::down_dgrad, l, Arch::sm_90a).bn;
     nlohmann::json j;
     if (!st->json) fmt::print("{} T={}\n", l.describe(), T);
     for (CheckpointMode m : {CheckpointMode::save_h, CheckpointMode::recompute}) {

@@ -75,7 +75,7 @@ Command check_command(const char* name, const char* help, bool backward) {
     st->app->add_flag("--json", st->json, "machine-readable output");
     st->app->add_flag("--tuned", st->tuned, "use the tuned kernels of the cache (else default tiles)");
     st->app->add_option("--db", st->db, "cache file for --tuned");
-    st->app->add_option("--tile", st->tiles, "FAMILY=TILE: run a family with this tile (e.g. up_proj=128x128x64_w8x1_s3_wg)");
+    st->app->add_option("--tile", st->tiles, "FAMILY=TILE: run a family with this tile (e.g. gate_up=128x128x64_w8x1_s3_wgmma)");
   };
   c.selected = [st] { return st->app->parsed(); };
   c.run = [st, backward] {

@@ -70,7 +70,7 @@ Command generate_command() {
     st->app->add_option("--arch", st->arch, "target architecture")->capture_default_str();
     st->app->add_flag("--json", st->json, "machine-readable output");
     st->app->add_flag("--source", st->show_source, "print each generated instantiation source");
-    st->app->add_option("--tile", st->tiles, "FAMILY=TILE: another tile for a family (e.g. up_proj=128x128x64_w8x1_s3_wg)");
+    st->app->add_option("--tile", st->tiles, "FAMILY=TILE: another tile for a family (e.g. gate_up=128x128x64_w8x1_s3_wgmma)");
     st->app->add_option("--ptx-dir", st->ptx_dir, "write each kernel's PTX to DIR/<kernel>.ptx (created if missing)");
     st->app->add_flag("--check-only", st->check_only,
                       "check that every kernel's tile is legal for the layer and generate its source, without "
@@ -79,12 +79,13 @@ Command generate_command() {
   c.selected = [st] { return st->app->parsed(); };
   c.run = [st] {
     const LayerConfig layer = st->shape.layer();
-    // Passed to NVRTC as -arch=: only a plain target name (sm_<digits>, optionally "a").
-    const auto digits = st->arch.size() > 3 ? st->arch.substr(3, st->arch.size() - 3 - (st->arch.back() == 'a')) : "";
-    if (st->arch.rfind("sm_", 0) != 0 || digits.empty() || digits.size() > 3 ||
-        digits.find_first_not_of("0123456789") != std::string::npos)
-      throw InvalidArgument("--arch", fmt::format("'{}' is not a target like sm_90a", st->arch));
-    auto specs = layer_kernel_specs(layer, st->arch);
+    Arch arch;
+    try {
+      arch = parse_arch(st->arch);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument("--arch", e.reason);
+    }
+    auto specs = layer_kernel_specs(layer, arch);
     for (const auto& [f, tile] : parse_tiles(st->tiles, "--tile"))
       for (auto& s : specs)
         if (s.family == f) s.tile = tile;

@@ -2,18 +2,14 @@
 
 namespace moeblaze {
 
-namespace {
-bool is_hopper(const std::string& arch) { return arch == "sm_90a"; }
-}  // namespace
-
 int output_columns(KernelFamily f, const LayerConfig& l) {
   switch (f) {
-    case KernelFamily::up_proj:
+    case KernelFamily::gate_up:
     case KernelFamily::down_dgrad:
     case KernelFamily::down_wgrad: return l.shape.ffn;
     case KernelFamily::down_proj:
-    case KernelFamily::up_dgrad:
-    case KernelFamily::up_wgrad: return l.shape.hidden;
+    case KernelFamily::gate_up_dgrad:
+    case KernelFamily::gate_up_wgrad: return l.shape.hidden;
     default: return 0;
   }
 }
@@ -24,7 +20,7 @@ bool fits_192_better(KernelFamily family, const LayerConfig& layer) {
 }
 
 // down_dgrad's reduction length (d) from which the persistent 128x256 tile is the default
-// (measured down to d = 2048; shorter reductions are unmeasured and keep the `_wg` tile).
+// (measured down to d = 2048; shorter reductions are unmeasured and keep the `_wgmma` tile).
 constexpr int kLongDgradReduction = 2048;
 
 bool few_slots_per_expert(const LayerConfig& layer, int64_t tokens) {
@@ -32,76 +28,76 @@ bool few_slots_per_expert(const LayerConfig& layer, int64_t tokens) {
   return tokens > 0 ? tokens * K <= 2048 * E : E >= 8 * K;
 }
 
-TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std::string& arch, int64_t tokens) {
+TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch, int64_t tokens) {
   if (const auto leader = tile_follows(family)) return default_tile(*leader, layer, arch, tokens);
-  if (is_hopper(arch) && is_tiled(family)) {
+  if (has_wgmma(arch) && is_tiled(family)) {
     // wgmma: the winners of `moeblaze tune` on the suite shapes (docs/performance.md
     // "Decisions"), TMA for every operand that is not gathered. Warp-specialised 128x256
     // wherever the producer's loads are TMA boxes or a pointer and a stride per stage; the
     // shared pipeline at 3 stages where two blocks per SM let one block's epilogue overlap
     // the other's mainloop (down_dgrad on short reductions, below). Measured on mixtral-8x7b
-    // (ms): up_proj 14.9 -> 13.1 and down_proj 6.5 -> 5.5 (`_wsp_tma` against `_ws`);
-    // up_wgrad 18.7 (`_wg` 128x128) -> 16.2 `_wsp_tma` (deepseek-v3 28.5, level with `_wg`),
-    // down_wgrad 9.0 -> 7.4 `_wsp_tma` (deepseek-v3 15.2 -> 12.5), up_dgrad 12.4 -> 10.7
-    // `_ws_tma`.
-    // TMA where the layer allows it (e.g. up_dgrad's MN-major weight boxes need n % 64 == 0);
+    // (ms): gate_up 14.9 -> 13.1 and down_proj 6.5 -> 5.5 (`_persist_tmacontig` against
+    // `_ws`); gate_up_wgrad 18.7 (`_wgmma` 128x128) -> 16.2 `_persist_tmacontig` (deepseek-v3 28.5,
+    // level with `_wgmma`), down_wgrad 9.0 -> 7.4 `_persist_tmacontig` (deepseek-v3 15.2 ->
+    // 12.5), gate_up_dgrad 12.4 -> 10.7 `_ws_tmacontig`.
+    // TMA where the layer allows it (e.g. gate_up_dgrad's MN-major weight boxes need n % 64 == 0);
     // elsewhere the same tile with cp.async loads.
     auto tma = [&](TileConfig t) {
       TileConfig with = t;
-      with.tma = true;
+      with.tma_contiguous = true;
       return legality_problem(KernelSpec{family, layer, with, arch}).empty() ? with : t;
     };
     // 192 columns instead of 256 where that fills the last column of tiles, for the two
-    // all-TMA GEMMs (gpt-oss-20b: down_proj 1.880 -> 1.798 ms, up_dgrad 3.494 -> 3.265);
-    // up_wgrad's gathered 192-wide B ran slower (5.100 -> 5.270) and keeps 256.
-    // Only with TMA loads (a layer that cannot take them, e.g. up_dgrad with n % 64 != 0,
+    // all-TMA GEMMs (gpt-oss-20b: down_proj 1.880 -> 1.798 ms, gate_up_dgrad 3.494 -> 3.265);
+    // gate_up_wgrad's gathered 192-wide B ran slower (5.100 -> 5.270) and keeps 256.
+    // Only with TMA loads (a layer that cannot take them, e.g. gate_up_dgrad with n % 64 != 0,
     // keeps the 256-wide cp.async tile).
-    auto wide_tile = [&](bool persistent) {
+    auto wide_tile = [&](Mainloop mainloop) {
       if (fits_192_better(family, layer)) {
-        TileConfig narrow = tma(wgmma_tile(128, 192, 4, true, persistent));
-        if (narrow.tma) return narrow;
+        TileConfig narrow = tma(wgmma_tile(128, 192, 4, mainloop));
+        if (narrow.tma_contiguous) return narrow;
       }
-      return tma(wgmma_tile(128, 256, 4, true, persistent));
+      return tma(wgmma_tile(128, 256, 4, mainloop));
     };
     switch (family) {
-      case KernelFamily::up_proj: return tma(wgmma_tile(128, 128, 4, true, true));  // gated: 2 x 128 columns
-      case KernelFamily::down_proj: return wide_tile(true);
-      case KernelFamily::up_wgrad:
+      case KernelFamily::gate_up: return tma(wgmma_tile(128, 128, 4, Mainloop::persistent));  // gated: 2 x 128 columns
+      case KernelFamily::down_proj: return wide_tile(Mainloop::persistent);
+      case KernelFamily::gate_up_wgrad:
       case KernelFamily::down_wgrad: {
-        // The TMA-store epilogue (_tstore): the consumers stage the tile in shared memory and
+        // The TMA-store epilogue (_tmastore): the consumers stage the tile in shared memory and
         // go on to the next tile while the stores drain; 3 stages leave room for the 64 KiB
         // staging buffer. It pays where an output tile's reduction over one expert's slots is
         // short (T K / E slots: few k-steps per tile, the epilogue a large part of it) and
-        // costs where it is long (the fourth stage matters more). up_wgrad / down_wgrad ms,
-        // 4-stage direct stores -> _tstore: deepseek-v3 (512 slots per expert) 28.6 / 12.6 ->
+        // costs where it is long (the fourth stage matters more). gate_up_wgrad / down_wgrad ms,
+        // 4-stage direct stores -> _tmastore: deepseek-v3 (512 slots per expert) 28.6 / 12.6 ->
         // 19.3 / 9.6 (step 87.2 -> 77.2); gpt-oss-20b (2048) 5.04 / 2.30 -> 4.69 / 2.21;
         // mixtral-8x7b (4096) 16.14 / 7.43 -> 17.11 / 7.69; olmoe-1b-7b at 32768 tokens (4096)
         // tunes to the 4-stage tiles, 2.04 / 4.45 -> 1.90 / 4.17. At exactly 2048 the 4-stage
-        // tiles lose (gpt-oss up_wgrad 4.77 with _tstore, 5.21 without). The slots per expert
+        // tiles lose (gpt-oss gate_up_wgrad 4.77 with _tmastore, 5.21 without). The slots per expert
         // depend on the step's tokens, which the runtime's load hint gives (the bindings load
         // one kernel set per token bucket); without it E / K stands in. `moeblaze tune`
         // measures both tiles.
-        TileConfig staged = tma(wgmma_tile(128, 256, 3, true, true));
+        TileConfig staged = tma(wgmma_tile(128, 256, 3, Mainloop::persistent));
         staged.tma_store = true;
         if (few_slots_per_expert(layer, tokens) &&
             legality_problem(KernelSpec{family, layer, staged, arch}).empty())
           return staged;
-        return tma(wgmma_tile(128, 256, 4, true, true));
+        return tma(wgmma_tile(128, 256, 4, Mainloop::persistent));
       }
-      case KernelFamily::up_dgrad: return wide_tile(false);
+      case KernelFamily::gate_up_dgrad: return wide_tile(Mainloop::warp_specialized);
       case KernelFamily::down_dgrad: {
         // Long reductions (d >= 2048: 32 k-steps of 64 or more): the persistent 128x256 tile,
         // whose mainloop has twice the math per gathered row of the 128x128 one and whose
         // epilogue reads H and writes dA/dB/hg from registers, 16 bytes a lane. down_dgrad ms
-        // against the `_wg` 128x128 s3: deepseek-v3 (d 7168) 11.33 -> 9.52, mixtral-8x7b (4096)
+        // against the `_wgmma` 128x128 s3: deepseek-v3 (d 7168) 11.33 -> 9.52, mixtral-8x7b (4096)
         // 11.33 -> 10.59, gpt-oss-20b (2880) 3.32 -> 3.22; at d = 2048, with the epilogue's
         // IEEE divides gone and its row loop rolled: olmoe-1b-7b 3.32 -> 2.84, qwen3-30b-a3b
         // 2.46 -> 2.08, qwen3-next-80b 2.20 -> 2.01. Shorter reductions are unmeasured and
         // keep the two-blocks-per-SM tile, whose epilogue overlaps the other block's mainloop.
         // The clamped SwiGLU (GPT-OSS) keeps more values live per element: its epilogue spills
         // 8 bytes on the persistent tile (ptxas, CUDA 13.0), so it stays on the 128x128 one.
-        TileConfig wide = tma(wgmma_tile(128, 256, 4, true, true));
-        if (wide.tma && layer.shape.hidden >= kLongDgradReduction && layer.activation != Activation::clamped_swiglu)
+        TileConfig wide = tma(wgmma_tile(128, 256, 4, Mainloop::persistent));
+        if (wide.tma_contiguous && layer.shape.hidden >= kLongDgradReduction && layer.activation != Activation::clamped_swiglu)
           return wide;
         return wgmma_tile(128, 128, 3);
       }
@@ -112,16 +108,16 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std
   }
   TileConfig t;  // mma.sync: 128x128x64, 2x4 warps, 3 stages
   switch (family) {
-    case KernelFamily::up_proj:
+    case KernelFamily::gate_up:
       // Gated: W1 and W3 tiles side by side, so the block covers 2*bn columns.
       if (is_gated(layer.activation)) t = {128, 128, 64, 2, 4, 3};
       else t = {128, 128, 64, 2, 4, 4};
       break;
     case KernelFamily::down_proj:
     case KernelFamily::down_dgrad:
-    case KernelFamily::up_dgrad:
+    case KernelFamily::gate_up_dgrad:
     case KernelFamily::down_wgrad:
-    case KernelFamily::up_wgrad: t = {128, 128, 64, 2, 4, 4}; break;
+    case KernelFamily::gate_up_wgrad: t = {128, 128, 64, 2, 4, 4}; break;
     case KernelFamily::router_logits:
     case KernelFamily::router_dgrad:
     case KernelFamily::router_wgrad: t = {128, 64, 64, 4, 2, 3}; break;
@@ -130,7 +126,7 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std
   return t;
 }
 
-std::vector<KernelSpec> layer_kernel_specs(const LayerConfig& layer, const std::string& arch, int64_t tokens) {
+std::vector<KernelSpec> layer_kernel_specs(const LayerConfig& layer, Arch arch, int64_t tokens) {
   std::vector<KernelSpec> specs;
   for (KernelFamily f : all_families()) {
     if (!family_runs(f, layer)) continue;

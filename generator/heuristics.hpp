@@ -12,7 +12,7 @@ namespace moeblaze {
 // The configuration used when nothing has been tuned. Always legal for any valid layer.
 // tokens: the step's token count where the caller knows it (the runtime's load hint, the
 // tuner's T), 0 when not; it picks the weight gradients' epilogue (few_slots_per_expert).
-TileConfig default_tile(KernelFamily family, const LayerConfig& layer, const std::string& arch, int64_t tokens = 0);
+TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch, int64_t tokens = 0);
 
 // Whether an expert's slots (T K / E, the weight gradients' reduction length) are few enough
 // that the TMA-store epilogue pays (at most 2048: 32 k-steps of 64); with T unknown (0), E / K
@@ -29,6 +29,6 @@ bool fits_192_better(KernelFamily family, const LayerConfig& layer);
 
 // Every kernel a layer needs (forward and backward, both checkpoint modes), each with its
 // default tile; a family that follows another (tile_follows) has its leader's tile.
-std::vector<KernelSpec> layer_kernel_specs(const LayerConfig& layer, const std::string& arch, int64_t tokens = 0);
+std::vector<KernelSpec> layer_kernel_specs(const LayerConfig& layer, Arch arch, int64_t tokens = 0);
 
 }  // namespace moeblaze

@@ -17,6 +17,7 @@ struct FamilyInfo {
   const char* header;    // template header the instantiation includes
   const char* function;  // device function template
   const char* args;      // argument struct
+  const char* older = nullptr;  // its older name (docs/design.md, "Glossary"), still read
 };
 
 const FamilyInfo kFamilies[] = {
@@ -25,14 +26,16 @@ const FamilyInfo kFamilies[] = {
     {KernelFamily::index_count, "index_count", "moeblaze/index_build.cuh", "moeblaze::index_build::count", "IndexBuildArgs"},
     {KernelFamily::index_scan, "index_scan", "moeblaze/index_build.cuh", "moeblaze::index_build::scan", "IndexBuildArgs"},
     {KernelFamily::index_scatter, "index_scatter", "moeblaze/index_build.cuh", "moeblaze::index_build::scatter", "IndexBuildArgs"},
-    {KernelFamily::up_proj, "up_proj", "moeblaze/expert_gemms.cuh", "moeblaze::up_proj", "UpProjArgs"},
+    {KernelFamily::gate_up, "gate_up", "moeblaze/expert_gemms.cuh", "moeblaze::gate_up", "GateUpArgs", "up_proj"},
     {KernelFamily::down_proj, "down_proj", "moeblaze/expert_gemms.cuh", "moeblaze::down_proj", "DownProjArgs"},
     {KernelFamily::combine, "combine", "moeblaze/reductions.cuh", "moeblaze::reductions::combine", "CombineArgs"},
     {KernelFamily::down_dgrad, "down_dgrad", "moeblaze/expert_gemms.cuh", "moeblaze::down_dgrad", "DownDgradArgs"},
     {KernelFamily::gate_grad, "gate_grad", "moeblaze/reductions.cuh", "moeblaze::reductions::gate_grad", "GateGradArgs"},
     {KernelFamily::down_wgrad, "down_wgrad", "moeblaze/expert_gemms.cuh", "moeblaze::down_wgrad", "WgradArgs"},
-    {KernelFamily::up_wgrad, "up_wgrad", "moeblaze/expert_gemms.cuh", "moeblaze::up_wgrad", "WgradArgs"},
-    {KernelFamily::up_dgrad, "up_dgrad", "moeblaze/expert_gemms.cuh", "moeblaze::up_dgrad", "UpDgradArgs"},
+    {KernelFamily::gate_up_wgrad, "gate_up_wgrad", "moeblaze/expert_gemms.cuh", "moeblaze::gate_up_wgrad", "WgradArgs",
+     "up_wgrad"},
+    {KernelFamily::gate_up_dgrad, "gate_up_dgrad", "moeblaze/expert_gemms.cuh", "moeblaze::gate_up_dgrad",
+     "GateUpDgradArgs", "up_dgrad"},
     {KernelFamily::router_backward, "router_backward", "moeblaze/router.cuh", "moeblaze::router::backward", "RouterBackwardArgs"},
     {KernelFamily::router_dgrad, "router_dgrad", "moeblaze/router.cuh", "moeblaze::router::dgrad_gemm", "RouterGemmArgs"},
     {KernelFamily::router_wgrad, "router_wgrad", "moeblaze/router.cuh", "moeblaze::router::wgrad_gemm", "RouterGemmArgs"},
@@ -47,6 +50,28 @@ const FamilyInfo& info(KernelFamily f) {
   throw Error("unknown kernel family");
 }
 
+// Each mainloop's tile-name suffix and its older one (docs/design.md, "Glossary"), which
+// parse() still reads.
+struct MainloopName {
+  Mainloop mainloop;
+  const char* suffix;
+  const char* older;
+  const char* literal;  // the enumerator in generated source
+};
+const MainloopName kMainloopNames[] = {
+    {Mainloop::mma_sync, "", "", "moeblaze::Mainloop::mma_sync"},
+    {Mainloop::wgmma_multistage, "_wgmma", "_wg", "moeblaze::Mainloop::wgmma_multistage"},
+    {Mainloop::warp_specialized, "_ws", "_ws", "moeblaze::Mainloop::warp_specialized"},
+    {Mainloop::persistent, "_persist", "_wsp", "moeblaze::Mainloop::persistent"},
+    {Mainloop::pingpong, "_pingpong", "_pp", "moeblaze::Mainloop::pingpong"},
+};
+
+const char* mainloop_literal(Mainloop m) {
+  for (const MainloopName& n : kMainloopNames)
+    if (n.mainloop == m) return n.literal;
+  throw Error("unknown mainloop");
+}
+
 std::string activation_literal(Activation a) { return "moeblaze::Activation::" + to_string(a); }
 
 std::string router_literal(RouterKind r) {
@@ -58,7 +83,7 @@ std::string shape_arguments(const KernelSpec& s) {
   const MoeShape& m = s.layer.shape;
   const int E = m.experts, K = m.topk, D = m.hidden, N = m.ffn;
   const std::string act = activation_literal(s.layer.activation);
-  if (s.family == KernelFamily::up_proj)
+  if (s.family == KernelFamily::gate_up)
     return fmt::format("{}, {}, {}, {}, {}, {}", E, D, N, act, s.layer.w1_rows(), s.layer.expert_bias ? "true" : "false");
   switch (s.family) {
     case KernelFamily::router_logits:
@@ -70,9 +95,9 @@ std::string shape_arguments(const KernelSpec& s) {
     case KernelFamily::index_count:
     case KernelFamily::index_scan:
     case KernelFamily::index_scatter: return fmt::format("{}, {}", E, K);
-    case KernelFamily::up_proj:
-    case KernelFamily::up_dgrad:
-    case KernelFamily::up_wgrad: return fmt::format("{}, {}, {}, {}, {}", E, D, N, act, s.layer.w1_rows());
+    case KernelFamily::gate_up:
+    case KernelFamily::gate_up_dgrad:
+    case KernelFamily::gate_up_wgrad: return fmt::format("{}, {}, {}, {}, {}", E, D, N, act, s.layer.w1_rows());
     case KernelFamily::down_proj: return fmt::format("{}, {}, {}, {}", E, D, N, s.layer.expert_bias ? "true" : "false");
     case KernelFamily::down_wgrad: return fmt::format("{}, {}, {}", E, D, N);
     case KernelFamily::bias_grad: return fmt::format("{}, {}, {}, {}, {}", E, K, D, N, s.layer.gate_parts());
@@ -95,6 +120,12 @@ int untiled_threads(KernelFamily f) {
 }  // namespace
 
 std::string to_string(KernelFamily f) { return info(f).name; }
+
+std::vector<std::string> family_names(KernelFamily f) {
+  const FamilyInfo& i = info(f);
+  if (i.older) return {i.name, i.older};
+  return {i.name};
+}
 
 const std::vector<KernelFamily>& all_families() {
   static const std::vector<KernelFamily> all = [] {
@@ -121,12 +152,12 @@ bool family_runs(KernelFamily f, const LayerConfig& layer) {
 bool is_tiled(KernelFamily f) {
   switch (f) {
     case KernelFamily::router_logits:
-    case KernelFamily::up_proj:
+    case KernelFamily::gate_up:
     case KernelFamily::down_proj:
     case KernelFamily::down_dgrad:
     case KernelFamily::down_wgrad:
-    case KernelFamily::up_wgrad:
-    case KernelFamily::up_dgrad:
+    case KernelFamily::gate_up_wgrad:
+    case KernelFamily::gate_up_dgrad:
     case KernelFamily::router_dgrad:
     case KernelFamily::router_wgrad: return true;
     default: return false;
@@ -146,31 +177,55 @@ void tie_following_tiles(std::vector<KernelSpec>& specs) {
 }
 
 int stacked_b_tiles(KernelFamily f, Activation act) {
-  return f == KernelFamily::up_proj && is_gated(act) ? 2 : 1;
+  return f == KernelFamily::gate_up && is_gated(act) ? 2 : 1;
 }
 
 std::string TileConfig::to_string() const {
-  return fmt::format("{}x{}x{}_w{}x{}_s{}{}{}{}{}{}", bm, bn, bk, warps_m, warps_n, stages,
-                     wgmma == 4 ? "_pp" : wgmma == 3 ? "_wsp" : wgmma == 2 ? "_ws" : wgmma == 1 ? "_wg" : "", tma ? "_tma" : "",
-                     tma_store ? "_tstore" : "", swap ? "_swap" : "", cluster_m == 2 ? "_c2" : "");
+  std::string s = fmt::format("{}x{}x{}_w{}x{}_s{}", bm, bn, bk, warps_m, warps_n, stages);
+  for (const MainloopName& m : kMainloopNames)
+    if (m.mainloop == mainloop) s += m.suffix;
+  if (tma_contiguous) s += "_tmacontig";
+  if (tma_store) s += "_tmastore";
+  if (alt_order) s += "_altorder";
+  if (cluster_m > 1) s += fmt::format("_cluster{}x1", cluster_m);
+  return s;
 }
 
-TileConfig wgmma_tile(int bm, int bn, int stages, bool warp_specialized, bool persistent) {
-  return TileConfig{bm, bn, 64, bm / 16, 1, stages, persistent ? 3 : warp_specialized ? 2 : 1};
+TileConfig wgmma_tile(int bm, int bn, int stages, Mainloop mainloop) {
+  TileConfig t{bm, bn, 64, mainloop == Mainloop::pingpong ? 4 : bm / 16, 1, stages};
+  t.mainloop = mainloop;
+  return t;
 }
 
-TileConfig pingpong_tile(int bm, int bn, int stages) { return TileConfig{bm, bn, 64, 4, 1, stages, 4}; }
+TileConfig pingpong_tile(int bm, int bn, int stages) { return wgmma_tile(bm, bn, stages, Mainloop::pingpong); }
+
+std::string to_string(Arch a) {
+  return a == Arch::sm_90a ? "sm_90a" : fmt::format("sm_{}", static_cast<int>(a));
+}
+
+Arch parse_arch(const std::string& s) {
+  // A plain target name (it becomes an NVRTC option): sm_ and 2 or 3 digits; the "a" suffix
+  // only on sm_90a, the one architecture-specific target the kernels know.
+  if (s == "sm_90a") return Arch::sm_90a;
+  const std::string digits = s.rfind("sm_", 0) == 0 ? s.substr(3) : "";
+  if (digits.size() < 2 || digits.size() > 3 || digits.find_first_not_of("0123456789") != std::string::npos ||
+      digits[0] == '0')
+    throw InvalidArgument("arch", fmt::format("'{}' is not a target like sm_90a", s));
+  if (digits == "90")
+    throw InvalidArgument("arch", "'sm_90' lacks the wgmma and setmaxnreg instructions the Hopper tiles use: use sm_90a");
+  return static_cast<Arch>(std::stoi(digits));
+}
 
 bool supports_wgmma(KernelFamily f) { return is_tiled(f); }
 
 bool supports_persistent(KernelFamily f) {
   switch (f) {
-    case KernelFamily::up_proj:
+    case KernelFamily::gate_up:
     case KernelFamily::down_proj:
     case KernelFamily::down_dgrad:
     case KernelFamily::down_wgrad:
-    case KernelFamily::up_wgrad:
-    case KernelFamily::up_dgrad: return true;
+    case KernelFamily::gate_up_wgrad:
+    case KernelFamily::gate_up_dgrad: return true;
     default: return false;
   }
 }
@@ -180,9 +235,11 @@ TileConfig TileConfig::parse(const std::string& s) {
   // number within a range whose products (threads, shared memory, registers) fit an int: tiles
   // come from cache files and command lines, not only from to_string().
   auto malformed = [&s] {
-    return InvalidArgument("tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS[_wg|_ws|_wsp|_pp][_tma][_tstore][_swap][_c2] "
-                                               "(e.g. 128x128x64_w2x4_s4, 128x256x64_w8x1_s4_ws_tma)",
-                                               s));
+    return InvalidArgument(
+        "tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS[_wgmma|_ws|_persist|_pingpong][_tmacontig]"
+                            "[_tmastore][_altorder][_clusterCx1] (e.g. 128x128x64_w2x4_s4, "
+                            "128x256x64_w8x1_s4_persist_tmacontig; docs/design.md, \"Glossary\")",
+                            s));
   };
   size_t at = 0;
   auto literal = [&](const char* text) {
@@ -191,6 +248,15 @@ TileConfig TileConfig::parse(const std::string& s) {
     at += n;
     return true;
   };
+  // A whole suffix: `text` followed by the end or the next "_" (so "_ws" never reads the
+  // start of "_wsp", nor "_tma" that of "_tmastore").
+  auto suffix = [&](const char* text) {
+    const size_t n = std::strlen(text);
+    if (s.compare(at, n, text) != 0 || (at + n < s.size() && s[at + n] != '_')) return false;
+    at += n;
+    return true;
+  };
+  auto either = [&](const char* name, const char* older) { return suffix(name) || suffix(older); };
   auto number = [&](int lo, int hi, const char* what) {
     int v = 0, digits = 0;
     while (at < s.size() && std::isdigit(static_cast<unsigned char>(s[at])) && digits < 5) v = v * 10 + (s[at++] - '0'), ++digits;
@@ -211,15 +277,21 @@ TileConfig TileConfig::parse(const std::string& s) {
   t.warps_n = number(1, 64, "warps_n");
   if (!literal("_s")) throw malformed();
   t.stages = number(1, 64, "stages");
-  if (literal("_wsp")) t.wgmma = 3;
-  else if (literal("_ws")) t.wgmma = 2;
-  else if (literal("_wg")) t.wgmma = 1;
-  else if (literal("_pp")) t.wgmma = 4;
-  if (t.wgmma) {
-    t.tma = literal("_tma");
-    t.tma_store = literal("_tstore");
-    t.swap = literal("_swap");
-    if (literal("_c2")) t.cluster_m = 2;
+  for (const MainloopName& m : kMainloopNames)
+    if (*m.suffix && either(m.suffix, m.older)) {
+      t.mainloop = m.mainloop;
+      break;
+    }
+  if (t.wgmma()) {
+    t.tma_contiguous = either("_tmacontig", "_tma");
+    t.tma_store = either("_tmastore", "_tstore");
+    t.alt_order = either("_altorder", "_swap");
+    if (literal("_cluster")) {
+      t.cluster_m = number(2, 16, "cluster_m");
+      if (!suffix("x1")) throw malformed();
+    } else if (suffix("_c2")) {
+      t.cluster_m = 2;
+    }
   }
   if (at != s.size()) throw malformed();
   return t;
@@ -228,7 +300,7 @@ TileConfig TileConfig::parse(const std::string& s) {
 KernelFamily parse_family(const std::string& s) {
   std::string names;
   for (const auto& i : kFamilies) {
-    if (s == i.name) return i.family;
+    if (s == i.name || (i.older && s == i.older)) return i.family;
     names += std::string(names.empty() ? "" : ", ") + i.name;
   }
   throw InvalidArgument("family", fmt::format("'{}' is not a kernel family ({})", s, names));
@@ -238,14 +310,14 @@ std::string KernelSpec::name() const {
   const MoeShape& m = layer.shape;
   std::string n = fmt::format("mb_{}_E{}_K{}_d{}_n{}", to_string(family), m.experts, m.topk, m.hidden, m.ffn);
   switch (family) {
-    case KernelFamily::up_proj:
+    case KernelFamily::gate_up:
     case KernelFamily::down_dgrad:
-    case KernelFamily::up_wgrad:
-    case KernelFamily::up_dgrad:
+    case KernelFamily::gate_up_wgrad:
+    case KernelFamily::gate_up_dgrad:
       n += "_" + moeblaze::to_string(layer.activation);
       // The up-side kernels read (and write) W1/W3 in the layer's layout.
       if (layer.fused_gate_up() && family != KernelFamily::down_dgrad) n += "_fused";
-      if (layer.expert_bias && family == KernelFamily::up_proj) n += "_bias";
+      if (layer.expert_bias && family == KernelFamily::gate_up) n += "_bias";
       break;
     case KernelFamily::down_proj:
       if (layer.expert_bias) n += "_bias";
@@ -266,7 +338,7 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
   if (!is_tiled(spec.family)) return {};
   const TileConfig& t = spec.tile;
   if (t.bk != 64) return "bk must be 64 (one 128-byte swizzle group per row)";
-  if (t.wgmma) {
+  if (t.wgmma()) {
     if (!supports_wgmma(spec.family)) return "wgmma tiles are for GEMM families";
     if (t.pingpong()) {
       if (t.warps_m != 4 || t.warps_n != 1) return "ping-pong tiles have 4 x 1 warps (one warpgroup per tile)";
@@ -283,48 +355,50 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
       return "192-wide tiles are not for down_dgrad / down_wgrad (their column chunks are multiples of 256)";
     // The cp.async tile loader gives each of 128 producer threads one 16-byte column of the
     // tile (gemm/loaders.cuh TileLoader): 24 chunks per 192-wide row do not divide 128.
-    if (t.bn == 192 && spec.family != KernelFamily::up_wgrad && !t.tma)
+    if (t.bn == 192 && spec.family != KernelFamily::gate_up_wgrad && !t.tma_contiguous)
       return "192-wide tiles need TMA loads (the cp.async loader cannot split a 192-wide row among 128 threads)";
     if (t.warp_specialized() && t.bm > 128) return "warp-specialised tiles have one or two consumer warpgroups";
     if (t.persistent() && !supports_persistent(spec.family)) return "persistent tiles are for the expert GEMMs";
   }
-  if (t.swap && (!t.wgmma || !supports_persistent(spec.family)))
-    return "the swapped tile order is for wgmma tiles of the expert GEMMs";
-  if (t.tma) {
-    if (!t.warp_specialized()) return "TMA tiles are warp-specialised (_ws or _wsp): the producer issues the copies";
+  if (t.alt_order && (!t.wgmma() || !supports_persistent(spec.family)))
+    return "the other tile order (_altorder) is for wgmma tiles of the expert GEMMs";
+  if (t.tma_contiguous) {
+    if (!t.warp_specialized())
+      return "TMA loads (_tmacontig) are for warp-specialised tiles (_ws, _persist, _pingpong): the producer issues the copies";
     if (!is_tiled(spec.family) || !supports_persistent(spec.family))
       return "TMA loads are for the expert GEMMs";
     // MN-major weight stages (64 k rows) must not straddle an expert's rows or W1|W3.
     if (spec.family == KernelFamily::down_dgrad && spec.layer.shape.hidden % 64)
       return "TMA down_dgrad tiles need d % 64 == 0 (W2 k stages inside one expert)";
-    if (spec.family == KernelFamily::up_dgrad && spec.layer.shape.ffn % 64)
-      return "TMA up_dgrad tiles need n % 64 == 0 (W1/W3 k stages inside one matrix)";
+    if (spec.family == KernelFamily::gate_up_dgrad && spec.layer.shape.ffn % 64)
+      return "TMA gate_up_dgrad tiles need n % 64 == 0 (W1/W3 k stages inside one matrix)";
   }
   if (t.cluster_m != 1) {
     if (t.cluster_m != 2) return "clusters are of 1 or 2 blocks";
-    if (!t.persistent() || !t.tma) return "cluster pairs are persistent TMA tiles (_wsp or _pp with _tma)";
-    const bool slot_family = spec.family == KernelFamily::up_proj || spec.family == KernelFamily::down_proj ||
-                             spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::up_dgrad;
+    if (!t.persistent() || !t.tma_contiguous)
+      return "cluster pairs are persistent TMA tiles (_persist or _pingpong with _tmacontig)";
+    const bool slot_family = spec.family == KernelFamily::gate_up || spec.family == KernelFamily::down_proj ||
+                             spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::gate_up_dgrad;
     if (!slot_family) return "cluster pairs share the weight operand of the slot-tiled expert GEMMs (not the weight gradients)";
     if (t.bm * 2 != 128 && t.bm * 2 != 256) return "a cluster pair's tile (2 bm rows) must be 128 or 256 rows";
-    if ((spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::up_dgrad) && t.bn % 128)
+    if ((spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::gate_up_dgrad) && t.bn % 128)
       return "cluster pairs split MN-major weight stages by 64-column boxes: bn a multiple of 128";
   }
   if (t.tma_store) {
-    if (spec.family != KernelFamily::up_wgrad && spec.family != KernelFamily::down_wgrad)
-      return "TMA-store epilogues (_tstore) are for the weight gradients";
-    if (!t.warp_specialized()) return "TMA-store epilogues are for warp-specialised tiles (_ws or _wsp)";
+    if (spec.family != KernelFamily::gate_up_wgrad && spec.family != KernelFamily::down_wgrad)
+      return "TMA-store epilogues (_tmastore) are for the weight gradients";
+    if (!t.warp_specialized()) return "TMA-store epilogues are for warp-specialised tiles (_ws, _persist, _pingpong)";
     // Output rows 16-byte aligned for the [E][rows][cols] maps: dW2 rows are n wide, dW1/dW3 d.
     const int cols = spec.family == KernelFamily::down_wgrad ? spec.layer.shape.ffn : spec.layer.shape.hidden;
     if (cols % 8) return "TMA-store epilogues need output rows of a multiple of 8 elements (16 bytes)";
   }
   if (t.bm % 64 || t.bn % 64 || t.bm > 256 || t.bn > 256) return "bm and bn must be 64, 128, 192 or 256";
   if (t.bm % (16 * t.warps_m) || t.bn % (8 * t.warps_n)) return "warp tiles must be multiples of 16x8";
-  if (!t.wgmma && (t.bn / t.warps_n / 8) % 2) return "each warp needs an even number of n8 tiles";
+  if (!t.wgmma() && (t.bn / t.warps_n / 8) % 2) return "each warp needs an even number of n8 tiles";
   if (t.threads() > 512) return "at most 16 warps";
   if (t.stages < 2 || t.stages > 8) return "stages must be in [2, 8]";
-  const int slot_tiled = spec.family == KernelFamily::up_proj || spec.family == KernelFamily::down_proj ||
-                         spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::up_dgrad;
+  const int slot_tiled = spec.family == KernelFamily::gate_up || spec.family == KernelFamily::down_proj ||
+                         spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::gate_up_dgrad;
   if (slot_tiled && t.bm != 64 && t.bm != 128 && t.bm != 256) return "slot-tiled GEMMs need bm in {64,128,256}";
   const int nb = stacked_b_tiles(spec.family, spec.layer.activation);
   const int acc_regs = (t.bm / t.warps_m) * (t.bn / t.warps_n) * nb / 32;
@@ -350,13 +424,11 @@ GeneratedKernel generate(const KernelSpec& spec) {
   if (is_tiled(spec.family)) {
     const TileConfig& t = spec.tile;
     const int nb = stacked_b_tiles(spec.family, spec.layer.activation);
-    targs = t.cluster_m == 1
-                ? fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>, {}", t.bm, t.bn, t.bk,
-                              t.warps_m, t.warps_n, t.stages, nb, t.wgmma, t.tma ? 1 : 0, t.swap ? 1 : 0,
-                              t.tma_store ? 1 : 0, targs)
-                : fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}>, {}", t.bm, t.bn, t.bk,
-                              t.warps_m, t.warps_n, t.stages, nb, t.wgmma, t.tma ? 1 : 0, t.swap ? 1 : 0,
-                              t.tma_store ? 1 : 0, t.cluster_m, targs);
+    // The int(...) keeps gemm::Tile's parameters ints (gemm/tile.cuh).
+    targs = fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, int({}), {}, {}, {}{}>, {}", t.bm, t.bn, t.bk,
+                        t.warps_m, t.warps_n, t.stages, nb, mainloop_literal(t.mainloop), t.tma_contiguous ? 1 : 0,
+                        t.alt_order ? 1 : 0, t.tma_store ? 1 : 0,
+                        t.cluster_m == 1 ? "" : fmt::format(", {}", t.cluster_m), targs);
     g.threads = t.threads();
     g.dynamic_smem = t.smem_bytes(nb);
   } else {
@@ -374,7 +446,7 @@ GeneratedKernel generate(const KernelSpec& spec) {
       "}}\n",
       kGeneratorVersion, to_string(spec.family), spec.layer.describe(), fi.header, bounds, g.source.kernel_name,
       // TMA reads its tensor maps from the parameter itself: no local copy of the struct.
-      is_tiled(spec.family) && (spec.tile.tma || spec.tile.tma_store) ? "__grid_constant__ " : "", fi.args,
+      is_tiled(spec.family) && (spec.tile.tma_contiguous || spec.tile.tma_store) ? "__grid_constant__ " : "", fi.args,
       fi.function, targs);
   return g;
 }

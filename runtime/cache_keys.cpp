@@ -15,7 +15,7 @@ std::string binary_key(const GeneratedKernel& g, const CompileOptions& options) 
   return fmt::format("generator=v{};templates={:016x};kernel={};layer={};tile={};threads={};smem={};arch={};"
                      "options=-std=c++17 -default-device -lineinfo -DNDEBUG{};nvrtc={}",
                      kGeneratorVersion, templates_hash(), g.spec.name(), g.spec.layer.describe(),
-                     is_tiled(g.spec.family) ? g.spec.tile.to_string() : "-", g.threads, g.dynamic_smem, options.arch,
+                     is_tiled(g.spec.family) ? g.spec.tile.to_string() : "-", g.threads, g.dynamic_smem, to_string(options.arch),
                      extra, nvrtc_version());
 }
 

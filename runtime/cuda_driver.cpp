@@ -91,9 +91,9 @@ void check_cuda(CUresult result, const char* call) {
   throw CudaError(call, static_cast<int>(result), fmt::format("{} ({})", name, text));
 }
 
-std::string DeviceInfo::arch() const {
-  if (cc_major == 9 && cc_minor == 0) return "sm_90a";
-  return fmt::format("sm_{}{}", cc_major, cc_minor);
+Arch DeviceInfo::arch() const {
+  if (cc_major == 9 && cc_minor == 0) return Arch::sm_90a;
+  return static_cast<Arch>(cc_major * 10 + cc_minor);
 }
 
 DeviceContext::DeviceContext(int ordinal) {

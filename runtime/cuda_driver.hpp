@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/errors.hpp"
+#include "moeblaze/common.cuh"
 
 namespace moeblaze {
 
@@ -51,7 +52,7 @@ struct DeviceInfo {
   int max_smem_per_block_optin = 0;
   size_t total_memory = 0;
   int driver_version = 0;
-  std::string arch() const;  // "sm_90a" on Hopper, "sm_XY" otherwise
+  Arch arch() const;  // sm_90a on Hopper, else the SM number (cc X.Y: XY)
 };
 
 // The primary context of one device, made current on this thread. Shares the context

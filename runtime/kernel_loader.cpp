@@ -93,7 +93,7 @@ std::vector<BuiltKernel> build_with_cache(const std::vector<KernelSpec>& specs, 
   return out;
 }
 
-std::vector<KernelSpec> choose_tiles(const LayerConfig& layer, const std::string& arch, const std::string& fingerprint,
+std::vector<KernelSpec> choose_tiles(const LayerConfig& layer, Arch arch, const std::string& fingerprint,
                                      KernelCache* cache, const LoadOptions& o, LoadReport& r) {
   const int64_t bucket = token_bucket(o.tokens > 0 ? o.tokens : 1);
   std::vector<KernelSpec> specs = layer_kernel_specs(layer, arch, o.tokens);
@@ -107,7 +107,12 @@ std::vector<KernelSpec> choose_tiles(const LayerConfig& layer, const std::string
       const TuningKey key = tuning_key(s.family, layer, bucket, fingerprint, o.policy);
       auto& list = winners[key.family];
       try {
-        if (list.empty()) list = cache->winners_for(key.family, key.template_hash, key.shape, key.device);
+        if (list.empty())
+          for (const std::string& name : family_names(s.family))
+            for (Winner w : cache->winners_for(name, key.template_hash, key.shape, key.device)) {
+              w.key.family = key.family;  // a row under the family's older name is the family's
+              list.push_back(std::move(w));
+            }
       } catch (const CacheError& e) {
         warn_once(&r, fmt::format("tuned tiles not read, defaults used: {}", e.what()));
       }

@@ -54,7 +54,7 @@ struct LoadOptions {
 // The specs load_kernels builds: each family's tile looked up in the cache (forced tiles
 // first), the default where no usable winner exists; one KernelChoice per spec is appended to
 // r.kernels. No GPU: `fingerprint` is device_fingerprint() of the device the tiles are for.
-std::vector<KernelSpec> choose_tiles(const LayerConfig& layer, const std::string& arch, const std::string& fingerprint,
+std::vector<KernelSpec> choose_tiles(const LayerConfig& layer, Arch arch, const std::string& fingerprint,
                                      KernelCache* cache, const LoadOptions& options, LoadReport& r);
 
 // A loaded kernel set for `layer` on the current device. cache may be null (defaults, compiled).

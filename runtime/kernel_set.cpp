@@ -8,7 +8,7 @@
 
 namespace moeblaze {
 
-KernelSet KernelSet::compile(const LayerConfig& layer, const std::string& arch,
+KernelSet KernelSet::compile(const LayerConfig& layer, Arch arch,
                              const std::map<KernelFamily, TileConfig>& tiles) {
   layer.validate();
   std::vector<KernelSpec> specs = layer_kernel_specs(layer, arch);

@@ -25,7 +25,7 @@ struct LaunchObserver {
 class KernelSet {
  public:
   // Generates and compiles every kernel of `layer` (default tiles unless `tiles` names one).
-  static KernelSet compile(const LayerConfig& layer, const std::string& arch,
+  static KernelSet compile(const LayerConfig& layer, Arch arch,
                            const std::map<KernelFamily, TileConfig>& tiles = {});
   // A set from already built kernels (one per family the layer needs).
   static KernelSet from_kernels(const LayerConfig& layer, std::vector<BuiltKernel> kernels);

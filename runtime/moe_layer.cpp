@@ -62,7 +62,7 @@ MoeLayer::MoeLayer(std::shared_ptr<const KernelSet> kernels) : kernels_(std::mov
   if (!kernels_ || !kernels_->loaded()) throw Error("MoeLayer needs a loaded KernelSet");
 }
 
-MoeLayer MoeLayer::build(const LayerConfig& layer, const std::string& arch) {
+MoeLayer MoeLayer::build(const LayerConfig& layer, Arch arch) {
   auto set = std::make_shared<KernelSet>(KernelSet::compile(layer, arch));
   set->load();
   return MoeLayer(std::move(set));
@@ -146,8 +146,8 @@ ForwardState MoeLayer::forward(const ForwardArgs& a, CUstream stream) const {
   const RoutingView rv{dptr<int>(a.saved, sl.eti), dptr<int>(a.saved, sl.eto),      dptr<int>(a.saved, sl.tei),
                        dptr<int>(a.saved, sl.tim), dptr<int>(a.saved, sl.tile_prefix), gates, T};
   // 3. Up-projection: H saved (save-h) and h for the down-projection.
-  const TileConfig& ut = ks.get(KernelFamily::up_proj).generated.spec.tile;
-  UpProjArgs up{rv,
+  const TileConfig& ut = ks.get(KernelFamily::gate_up).generated.spec.tile;
+  GateUpArgs up{rv,
                 reinterpret_cast<const void*>(a.x.ptr),
                 reinterpret_cast<const void*>(a.w1.ptr),
                 second_part(l, a.w1, a.w3),
@@ -162,14 +162,14 @@ ForwardState MoeLayer::forward(const ForwardArgs& a, CUstream stream) const {
   down.bias = reinterpret_cast<const void*>(a.bias_down.ptr);
   attach_weight_maps(down, dt, l, fs.chunk_slots);
   if (fs.chunk_slots >= TK) {
-    ks.launch(KernelFamily::up_proj, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream, a.observer);
+    ks.launch(KernelFamily::gate_up, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream, a.observer);
     ks.launch(KernelFamily::down_proj, slot_tile_blocks(TK, dt.bm, dt.bn, E, d), down, stream, a.observer);
   } else {  // wide h: up and down projection chunk by chunk of slots, h reused (forward_chunks)
     for (int64_t lo = 0; lo < TK; lo += fs.chunk_slots) {
       const int64_t hi = std::min(TK, lo + fs.chunk_slots);
       up.slot_lo = down.slot_lo = static_cast<int>(lo);
       up.slot_hi = down.slot_hi = static_cast<int>(hi);
-      ks.launch(KernelFamily::up_proj, chunk_tile_blocks(hi - lo, ut.bm, ut.bn, E, n), up, stream, a.observer);
+      ks.launch(KernelFamily::gate_up, chunk_tile_blocks(hi - lo, ut.bm, ut.bn, E, n), up, stream, a.observer);
       ks.launch(KernelFamily::down_proj, chunk_tile_blocks(hi - lo, dt.bm, dt.bn, E, d), down, stream, a.observer);
     }
   }
@@ -229,11 +229,11 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
   // dgrad turns it into dH in place (BackwardScratch): a save-h backward consumes its state.
   void* H = reinterpret_cast<void*>(s.H);
   if (s.mode == CheckpointMode::recompute) {
-    const TileConfig& ut = ks.get(KernelFamily::up_proj).generated.spec.tile;
-    UpProjArgs up{rv, cptr(a.x), cptr(a.w1), second_part(l, a.w1, a.w3), dptr<void>(a.scratch, bs.H), nullptr};
+    const TileConfig& ut = ks.get(KernelFamily::gate_up).generated.spec.tile;
+    GateUpArgs up{rv, cptr(a.x), cptr(a.w1), second_part(l, a.w1, a.w3), dptr<void>(a.scratch, bs.H), nullptr};
     up.bias = cptr(a.bias_up);  // the saved H had the biases added: so has this one
     attach_weight_maps(up, ut, l);
-    ks.launch(KernelFamily::up_proj, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream, a.observer);
+    ks.launch(KernelFamily::gate_up, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream, a.observer);
     H = dptr<void>(a.scratch, bs.H);
   }
   // 2. Down dgrad with the activation backward and the gate-gradient partials (launched
@@ -277,16 +277,16 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
     GateBiasGradArgs gb{rv.token_expert_indices, cptr(a.dy), cptr(a.bias_down), TK, d_gates};
     ks.launch(KernelFamily::gate_bias_grad, ceil_div(TK, 8), gb, stream, a.observer);
   }
-  const TileConfig& wt1 = ks.get(KernelFamily::up_wgrad).generated.spec.tile;
+  const TileConfig& wt1 = ks.get(KernelFamily::gate_up_wgrad).generated.spec.tile;
   WgradArgs w1{rv, H, cptr(a.x), dptr<void>(a.dw1), const_cast<void*>(second_part(l, a.dw1, a.dw3)), accumulate};
   attach_dh_map(w1, wt1, TK, int64_t{G} * n);
   attach_output_maps(w1, wt1, E, n, d, d, w1.out0, G == 2 ? w1.out1 : nullptr, l.w1_rows());
-  ks.launch(KernelFamily::up_wgrad, E * ceil_div(G * n, wt1.bm) * ceil_div(d, wt1.bn), w1, stream, a.observer);
+  ks.launch(KernelFamily::gate_up_wgrad, E * ceil_div(G * n, wt1.bm) * ceil_div(d, wt1.bn), w1, stream, a.observer);
   // 4. Token gradient: per-slot dx, then the fixed-order sum over each token's K slots.
-  const TileConfig& ud = ks.get(KernelFamily::up_dgrad).generated.spec.tile;
-  UpDgradArgs udg{rv, H, cptr(a.w1), second_part(l, a.w1, a.w3), dptr<void>(a.scratch, bs.dxs)};
+  const TileConfig& ud = ks.get(KernelFamily::gate_up_dgrad).generated.spec.tile;
+  GateUpDgradArgs udg{rv, H, cptr(a.w1), second_part(l, a.w1, a.w3), dptr<void>(a.scratch, bs.dxs)};
   attach_weight_maps(udg, ud, l, TK);
-  ks.launch(KernelFamily::up_dgrad, slot_tile_blocks(TK, ud.bm, ud.bn, E, d), udg, stream, a.observer);
+  ks.launch(KernelFamily::gate_up_dgrad, slot_tile_blocks(TK, ud.bm, ud.bn, E, d), udg, stream, a.observer);
   CombineArgs sum{rv.token_index_map, nullptr, dptr<void>(a.scratch, bs.dxs), T, dptr<void>(a.dx)};
   ks.launch(KernelFamily::combine, T, sum, stream, a.observer);
   if (l.expert_bias) {  // from dH (still over H: nothing after the down dgrad writes there) and dy

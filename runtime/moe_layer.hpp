@@ -126,7 +126,7 @@ class MoeLayer {
   // `kernels` must be loaded (KernelSet::load) in the current context.
   explicit MoeLayer(std::shared_ptr<const KernelSet> kernels);
   // Compiles (NVRTC) and loads every kernel of `layer` with default tiles.
-  static MoeLayer build(const LayerConfig& layer, const std::string& arch);
+  static MoeLayer build(const LayerConfig& layer, Arch arch);
 
   const LayerConfig& config() const { return kernels_->layer(); }
   const KernelSet& kernels() const { return *kernels_; }

@@ -11,6 +11,7 @@
 #include "core/errors.hpp"
 #include "cubin_code.hpp"
 #include "generator/embedded_templates.hpp"
+#include "generator/kernel_spec.hpp"
 
 namespace moeblaze {
 namespace {
@@ -107,7 +108,7 @@ ResourceReport kernel_resources(const std::string& log, const std::vector<char>&
 CompiledKernel compile_kernel(const KernelSource& source, const CompileOptions& options) {
   const std::string inc = find_cuda_include_dir();
   std::vector<std::string> opts = {
-      "--gpu-architecture=" + options.arch,
+      "--gpu-architecture=" + to_string(options.arch),
       "-std=c++17",
       "-I" + inc,
       "-I" + inc + "/cccl",
@@ -133,7 +134,7 @@ CompiledKernel compile_kernel(const KernelSource& source, const CompileOptions& 
   }
   CompiledKernel out;
   out.kernel_name = source.kernel_name;
-  out.arch = options.arch;
+  out.arch = to_string(options.arch);
   size_t n = 0;
   Program::check(nvrtcGetCUBINSize(prog.get(), &n), "nvrtcGetCUBINSize");
   out.cubin.resize(n);

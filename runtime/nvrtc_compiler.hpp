@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "generator/kernel_source.hpp"
+#include "moeblaze/common.cuh"
 
 namespace moeblaze {
 
@@ -21,14 +22,14 @@ struct ResourceReport {
 };
 
 struct CompileOptions {
-  std::string arch = "sm_90a";
+  Arch arch = Arch::sm_90a;
   std::vector<std::string> extra;  // appended as they are
   bool keep_ptx = false;           // also return the PTX (to check which instructions a kernel uses)
 };
 
 struct CompiledKernel {
   std::string kernel_name;
-  std::string arch;
+  std::string arch;  // the target's name (to_string(Arch)), as the binary cache stores it
   std::vector<char> cubin;
   std::string ptx;  // only with CompileOptions::keep_ptx
   ResourceReport resources;

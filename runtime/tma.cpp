@@ -88,15 +88,15 @@ int64_t w1_map_rows(const LayerConfig& l) { return int64_t{l.shape.experts} * l.
 int64_t w3_map_rows(const LayerConfig& l) { return w1_map_rows(l) - (l.fused_gate_up() ? l.shape.ffn : 0); }
 
 // TMA tiles (TileConfig::tma) read their weight tiles through tensor maps in the argument.
-void attach_weight_maps(UpProjArgs& up, const TileConfig& t, const LayerConfig& l) {
-  if (!t.tma) return;
+void attach_weight_maps(GateUpArgs& up, const TileConfig& t, const LayerConfig& l) {
+  if (!t.tma_contiguous) return;
   up.tma_w1 = encode_weight_map(reinterpret_cast<CUdeviceptr>(up.w1), w1_map_rows(l), l.shape.hidden, t.bn, "w1");
   if (up.w3)
     up.tma_w3 = encode_weight_map(reinterpret_cast<CUdeviceptr>(up.w3), w3_map_rows(l), l.shape.hidden, t.bn, "w3");
 }
 // h_rows: rows of the h buffer (one forward chunk).
 void attach_weight_maps(DownProjArgs& down, const TileConfig& t, const LayerConfig& l, int64_t h_rows) {
-  if (!t.tma) return;
+  if (!t.tma_contiguous) return;
   const int64_t rows = int64_t{l.shape.experts} * l.shape.hidden;
   // A cluster pair loads W2's stage in two halves of rows, one from each block (multicast).
   down.tma_w2 = encode_weight_map(reinterpret_cast<CUdeviceptr>(down.w2), rows, l.shape.ffn, t.bn / t.cluster_m, "w2");
@@ -105,24 +105,24 @@ void attach_weight_maps(DownProjArgs& down, const TileConfig& t, const LayerConf
 // Backward: W2 for the down dgrad ([E*d, n], 64x64 boxes of MN-major k stages); dH ([T*K, G*n],
 // [bm][64] boxes) and W1/W3 ([E*n, d], 64x64 boxes) for the up dgrad.
 void attach_weight_maps(DownDgradArgs& dd, const TileConfig& t, const LayerConfig& l) {
-  if (!t.tma) return;
+  if (!t.tma_contiguous) return;
   const int64_t rows = int64_t{l.shape.experts} * l.shape.hidden;
   dd.tma_w2 = encode_weight_map(reinterpret_cast<CUdeviceptr>(dd.w2), rows, l.shape.ffn, 64, "w2");
 }
-void attach_weight_maps(UpDgradArgs& ud, const TileConfig& t, const LayerConfig& l, int64_t slots) {
-  if (!t.tma) return;
+void attach_weight_maps(GateUpDgradArgs& ud, const TileConfig& t, const LayerConfig& l, int64_t slots) {
+  if (!t.tma_contiguous) return;
   ud.tma_dh = encode_weight_map(reinterpret_cast<CUdeviceptr>(ud.dH), slots, int64_t{l.gate_parts()} * l.shape.ffn,
                                 t.bm, "dH");
   ud.tma_w1 = encode_weight_map(reinterpret_cast<CUdeviceptr>(ud.w1), w1_map_rows(l), l.shape.hidden, 64, "w1");
   if (ud.w3)
     ud.tma_w3 = encode_weight_map(reinterpret_cast<CUdeviceptr>(ud.w3), w3_map_rows(l), l.shape.hidden, 64, "w3");
 }
-// up_wgrad reads dH (A: [T*K, G*n]), down_wgrad hg (B: [T*K, cols], rows ld apart) by TMA.
+// gate_up_wgrad reads dH (A: [T*K, G*n]), down_wgrad hg (B: [T*K, cols], rows ld apart) by TMA.
 void attach_dh_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols) {
-  if (t.tma) w.tma_a = encode_weight_map(reinterpret_cast<CUdeviceptr>(w.a), slots, cols, 64, "dH");
+  if (t.tma_contiguous) w.tma_a = encode_weight_map(reinterpret_cast<CUdeviceptr>(w.a), slots, cols, 64, "dH");
 }
 void attach_hg_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols, int64_t ld) {
-  if (t.tma) w.tma_b = encode_weight_map(reinterpret_cast<CUdeviceptr>(w.b), slots, cols, 64, "hg", ld);
+  if (t.tma_contiguous) w.tma_b = encode_weight_map(reinterpret_cast<CUdeviceptr>(w.b), slots, cols, 64, "hg", ld);
 }
 
 void attach_output_maps(WgradArgs& w, const TileConfig& t, int64_t experts, int64_t rows, int64_t cols,

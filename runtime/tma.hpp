@@ -32,7 +32,8 @@ TmaMap encode_weight_map(CUdeviceptr base, int64_t total_rows, int64_t k, int bo
 
 // The arguments of cuTensorMapEncodeTiled for an output [experts][rows][cols] (bf16, rows ld
 // elements apart, experts rows*ld apart) stored by TMA boxes of [1][box_rows][64] (the
-// "_tstore" epilogue, templates/moeblaze/gemm/epilogue/tma_store.cuh). Pure, tested without a GPU.
+// "_tmastore" epilogue, templates/moeblaze/gemm/epilogue/tma_store.cuh). Pure, tested without a
+// GPU.
 struct OutputMapParams {
   uint64_t dims[3];     // {cols, rows, experts}
   uint64_t strides[2];  // bytes between rows, between experts
@@ -46,15 +47,15 @@ OutputMapParams output_map_params(CUdeviceptr base, int64_t experts, int64_t row
 TmaMap encode_output_map(CUdeviceptr base, int64_t experts, int64_t rows, int64_t cols, int64_t ld, int box_rows,
                          const char* name, int64_t expert_rows = 0);
 
-// The tensor maps of a TMA tile's kernel argument (TileConfig::tma; nothing otherwise).
-void attach_weight_maps(UpProjArgs& up, const TileConfig& t, const LayerConfig& l);
+// The tensor maps of a TMA tile's kernel argument (TileConfig::tma_contiguous; nothing otherwise).
+void attach_weight_maps(GateUpArgs& up, const TileConfig& t, const LayerConfig& l);
 void attach_weight_maps(DownProjArgs& down, const TileConfig& t, const LayerConfig& l, int64_t h_rows);
 void attach_weight_maps(DownDgradArgs& dd, const TileConfig& t, const LayerConfig& l);
-void attach_weight_maps(UpDgradArgs& ud, const TileConfig& t, const LayerConfig& l, int64_t slots);
-// up_wgrad reads dH (A: [slots, cols]), down_wgrad hg (B: [slots, cols], rows ld apart).
+void attach_weight_maps(GateUpDgradArgs& ud, const TileConfig& t, const LayerConfig& l, int64_t slots);
+// gate_up_wgrad reads dH (A: [slots, cols]), down_wgrad hg (B: [slots, cols], rows ld apart).
 void attach_dh_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols);
 void attach_hg_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols, int64_t ld);
-// "_tstore" weight gradients with stored bf16 outputs (accumulation keeps the direct stores):
+// "_tmastore" weight gradients with stored bf16 outputs (accumulation keeps the direct stores):
 // the output maps, [E][rows][cols] with rows ld apart and experts expert_rows rows apart (0:
 // rows); out0 already offset to the first column (down wgrad column chunks), out1 dW3 or nullptr.
 void attach_output_maps(WgradArgs& w, const TileConfig& t, int64_t experts, int64_t rows, int64_t cols,

@@ -14,9 +14,10 @@
 #
 # For each suite preset (`moeblaze presets --json`, "suite": true) both sides run
 # `moeblaze generate --preset P --ptx-dir DIR --json`; kernels are paired by family, so a
-# renamed tile or kernel still pairs. Before comparing, each PTX loses its `.loc` and `.file`
-# lines, its debug sections and its comments, and the kernel's own name (also inside the
-# mangled names NVRTC derives from the file name) becomes KERNEL. Exit 0: every kernel is
+# renamed tile or kernel still pairs, and a family under its older name (docs/design.md,
+# "Glossary") pairs with itself under today's. Before comparing, each PTX loses its `.loc` and
+# `.file` lines, its debug sections and its comments, and the kernel's own name (also inside
+# the mangled names NVRTC derives from the file name) becomes KERNEL. Exit 0: every kernel is
 # identical; 1: some differ (named, with the first lines of the difference); 2: usage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +27,7 @@ while [ $# -gt 0 ]; do
     --compare) compare=$2; shift 2 ;;
     --ref-bin) ref_bin=$2; shift 2 ;;
     --keep) keep=$2; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0" | cut -c3-; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | cut -c3-; exit 0 ;;
     -*) echo "ptx_diff: unknown option $1" >&2; exit 2 ;;
     *) break ;;
   esac
@@ -37,6 +38,19 @@ import difflib, json, re, sys
 from pathlib import Path
 
 out, presets = Path(sys.argv[1]), sys.argv[2:]
+# Families under their older names (docs/design.md, "Glossary"), as an older reference
+# revision writes them.
+OLDER_FAMILY = {"up_proj": "gate_up", "up_wgrad": "gate_up_wgrad", "up_dgrad": "gate_up_dgrad"}
+# gemm::Tile's members under their older names: every static member of the tile is a global
+# symbol of the kernel's PTX, mangled as ...4TileI<arguments>E<length><name>E.
+OLDER_TILE_MEMBER = {"TMA": "TMA_CONTIGUOUS", "SWAP": "ALT_ORDER", "TSTORE": "TMA_STORE"}
+OLDER_TILE_MEMBER_RE = re.compile(r"(4TileI(?:Li\d+E)+E)(%s)E" % "|".join(f"{len(k)}{k}" for k in OLDER_TILE_MEMBER))
+
+def today_names(s):
+    def renamed(m):
+        new = OLDER_TILE_MEMBER[m.group(2).lstrip("0123456789")]
+        return f"{m.group(1)}{len(new)}{new}E"
+    return OLDER_TILE_MEMBER_RE.sub(renamed, s)
 
 def normalized(path, kernel):
     lines, depth, in_debug = [], 0, False
@@ -55,6 +69,7 @@ def normalized(path, kernel):
         s = s.split("//")[0].rstrip()
         s = s.replace(kernel, "KERNEL")
         s = re.sub(r"_ZN\d+_INTERNAL_\w+?_KERNEL_cu_[0-9a-f]+", "_ZN_INTERNAL_", s)
+        s = today_names(s)
         lines.append(s)
     return lines
 
@@ -63,7 +78,7 @@ for p in presets:
     sides = {}
     for side in ("ref", "new"):
         info = json.loads((out / f"{side}/{p}.json").read_text())
-        sides[side] = {k["family"]: k["kernel"] for k in info["kernels"]}
+        sides[side] = {OLDER_FAMILY.get(k["family"], k["family"]): k["kernel"] for k in info["kernels"]}
     if sides["ref"].keys() != sides["new"].keys():
         differ.append(f"{p}: families differ: {sorted(sides['ref'])} vs {sorted(sides['new'])}")
         continue

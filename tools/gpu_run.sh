@@ -16,8 +16,9 @@ Exit status: 0 when every command ended as expected, 1 otherwise.
 
 Steps (default: gpu kinds defaults py):
   gpu       the C++ GPU tests (BUILD/bin/moeblaze_gpu_tests: the layer cases, the tile table's fast rows)
-  kinds     grad-check every tile kind (_wg, _ws, _wsp, _pp, _c2, TMA loads, _tstore, 192-wide
-            tiles, _swap, the persistent down_dgrad) on small shapes chosen for partial tiles, skewed
+  kinds     grad-check every tile kind (_wgmma, _ws, _persist, _pingpong, _cluster2x1, TMA loads,
+            _tmastore, 192-wide tiles, _altorder, the persistent down_dgrad; docs/design.md,
+            "Glossary") on small shapes chosen for partial tiles, skewed
             routing, gated and plain activations, recompute, the wide-h chunks and fp32
             accumulation; a kind whose first check fails gets no more; also each kind on the
             presets of MOEBLAZE_DEV_KIND_PRESETS
@@ -28,7 +29,7 @@ Steps (default: gpu kinds defaults py):
   import    take the rows of MOEBLAZE_DEV_IMPORT (an earlier tune's tuned.db) into the cache
   tuned     grad-check the cache's tuned kernels of each preset (after tune or import)
   regress   tune the first preset with --baseline-out, then `moeblaze regress` against that
-            baseline (must pass) and with a much slower up_proj tile forced (must fail)
+            baseline (must pass) and with a much slower gate_up tile forced (must fail)
   tiles     grad-check and bench single tiles, MOEBLAZE_DEV_TILES, each beside the default
   py        the Python package's tests (python/tests)
   pysuite   the PyTorch module against the reference on the six suite shapes
@@ -64,7 +65,7 @@ Environment (all optional):
   MOEBLAZE_DEV_MEM_SHAPES        the mem step's shapes, comma-separated (default: mixtral-8x7b)
   MOEBLAZE_DEV_PROFILE_PRESET    the profile step's preset (default: mixtral-8x7b)
   MOEBLAZE_DEV_PROFILE_FAMILIES  families to profile, |-separated
-                                 (default: up_proj|down_proj|up_dgrad|up_wgrad|down_dgrad|down_wgrad)
+                                 (default: gate_up|down_proj|gate_up_dgrad|gate_up_wgrad|down_dgrad|down_wgrad)
   MOEBLAZE_DEV_PROFILE_SECTIONS  ncu sections, space-separated (default: SpeedOfLight
                                  MemoryWorkloadAnalysis ComputeWorkloadAnalysis WarpStateStats
                                  SchedulerStats Occupancy LaunchStats)
@@ -79,7 +80,7 @@ Examples:
     tools/gpu_run.sh defaults tune tuned                  # every suite preset
   MOEBLAZE_DEV_SUITE_SHAPES=mixtral-8x7b,gpt-oss-20b,olmoe-1b-7b,qwen3-30b-a3b,deepseek-v3,qwen3-next-80b \
     MOEBLAZE_DEV_SUITE_ROUTING=random,skewed MOEBLAZE_DEV_SUITE_ARGS=--sweep tools/gpu_run.sh bench
-  MOEBLAZE_DEV_TILES="gpt-oss-20b:down_dgrad=128x128x64_w8x1_s3_wg" tools/gpu_run.sh tiles
+  MOEBLAZE_DEV_TILES="gpt-oss-20b:down_dgrad=128x128x64_w8x1_s3_wgmma" tools/gpu_run.sh tiles
 EOF
 }
 
@@ -175,39 +176,40 @@ check() { expect 0 "$@"; }
 # ---- tile kinds: the tiles each kind runs (--tile FAMILY=TILE ...) and its small cases ----
 kind_tiles() {
   case $1 in
-    wg|ws)
-      local x=_$1 t="--tile up_proj=128x128x64_w8x1_s3_$1 --tile down_proj=128x256x64_w8x1_s3_$1"
+    wgmma|ws)
+      local x=_$1 t="--tile gate_up=128x128x64_w8x1_s3_$1 --tile down_proj=128x256x64_w8x1_s3_$1"
       t="$t --tile router_logits=128x64x64_w8x1_s4$x"
-      for f in down_dgrad down_wgrad up_wgrad up_dgrad router_dgrad router_wgrad; do t="$t --tile $f=128x128x64_w8x1_s4$x"; done
+      for f in down_dgrad down_wgrad gate_up_wgrad gate_up_dgrad router_dgrad router_wgrad; do t="$t --tile $f=128x128x64_w8x1_s4$x"; done
       echo "$t" ;;
-    wsp)  # persistent expert GEMMs; the router GEMMs cannot be persistent and run _ws
-      local t="--tile up_proj=128x128x64_w8x1_s3_wsp --tile down_proj=128x256x64_w8x1_s3_wsp"
+    persist)  # persistent expert GEMMs; the router GEMMs cannot be persistent and run _ws
+      local t="--tile gate_up=128x128x64_w8x1_s3_persist --tile down_proj=128x256x64_w8x1_s3_persist"
       t="$t --tile router_logits=128x64x64_w8x1_s4_ws"
-      for f in down_dgrad down_wgrad up_wgrad up_dgrad; do t="$t --tile $f=128x256x64_w8x1_s4_wsp"; done
+      for f in down_dgrad down_wgrad gate_up_wgrad gate_up_dgrad; do t="$t --tile $f=128x256x64_w8x1_s4_persist"; done
       for f in router_dgrad router_wgrad; do t="$t --tile $f=128x128x64_w8x1_s4_ws"; done
       echo "$t" ;;
-    # The TMA kinds run the one-tile (_ws) or persistent (_wsp) form that the defaults do not.
-    tma_fwd) echo "--tile up_proj=128x128x64_w8x1_s4_ws_tma --tile down_proj=128x256x64_w8x1_s4_ws_tma" ;;
-    tma_wgrad) echo "--tile up_wgrad=128x256x64_w8x1_s4_ws_tma --tile down_wgrad=128x256x64_w8x1_s4_ws_tma" ;;
-    tma_dgrad) echo "--tile up_dgrad=128x256x64_w8x1_s4_wsp_tma --tile down_dgrad=128x256x64_w8x1_s4_ws_tma" ;;
-    bn192) echo "--tile down_proj=128x192x64_w8x1_s4_wsp_tma --tile up_dgrad=128x192x64_w8x1_s4_ws_tma --tile up_wgrad=128x192x64_w8x1_s4_wsp_tma" ;;
-    tstore) echo "--tile up_wgrad=128x256x64_w8x1_s3_wsp_tma_tstore --tile down_wgrad=128x256x64_w8x1_s3_wsp_tma_tstore" ;;
-    tstore_small) echo "--tile up_wgrad=128x128x64_w8x1_s4_wsp_tma_tstore --tile down_wgrad=128x256x64_w8x1_s3_ws_tstore" ;;
-    dgrad_wide) echo "--tile down_dgrad=128x256x64_w8x1_s4_wsp_tma" ;;
-    dgrad_narrow) echo "--tile down_dgrad=128x128x64_w8x1_s4_wsp_tma" ;;
-    swap) echo "--tile up_proj=128x128x64_w8x1_s4_wsp_tma_swap --tile down_proj=128x256x64_w8x1_s4_wsp_tma_swap --tile down_wgrad=128x256x64_w8x1_s4_wsp_tma_swap" ;;
-    pp)  # ping-pong: 128 rows a warpgroup (the gated up_proj's W1 and W3 tiles 64 wide each)
-      local t="--tile up_proj=128x64x64_w4x1_s6_pp_tma --tile down_proj=128x128x64_w4x1_s6_pp_tma"
-      t="$t --tile down_dgrad=128x128x64_w4x1_s6_pp_tma --tile up_dgrad=128x128x64_w4x1_s6_pp_tma"
-      echo "$t --tile up_wgrad=128x128x64_w4x1_s4_pp_tma_tstore --tile down_wgrad=128x128x64_w4x1_s4_pp_tma_tstore" ;;
-    pp64) echo "--tile up_proj=64x128x64_w4x1_s5_pp_tma --tile down_proj=64x256x64_w4x1_s5_pp_tma --tile up_wgrad=128x128x64_w4x1_s4_pp_tma" ;;
-    c2)  # cluster pairs: two blocks share each weight stage by TMA multicast
-      local t="--tile up_proj=128x128x64_w8x1_s4_wsp_tma_c2 --tile down_proj=128x256x64_w8x1_s4_wsp_tma_c2"
-      echo "$t --tile down_dgrad=128x256x64_w8x1_s4_wsp_tma_c2 --tile up_dgrad=128x256x64_w8x1_s4_wsp_tma_c2" ;;
-    pp_c2) echo "--tile up_proj=64x128x64_w4x1_s5_pp_tma_c2 --tile down_proj=64x256x64_w4x1_s5_pp_tma_c2" ;;
+    # The TMA kinds run the one-tile (_ws) or persistent (_persist) form that the defaults do not.
+    tma_fwd) echo "--tile gate_up=128x128x64_w8x1_s4_ws_tmacontig --tile down_proj=128x256x64_w8x1_s4_ws_tmacontig" ;;
+    tma_wgrad) echo "--tile gate_up_wgrad=128x256x64_w8x1_s4_ws_tmacontig --tile down_wgrad=128x256x64_w8x1_s4_ws_tmacontig" ;;
+    tma_dgrad) echo "--tile gate_up_dgrad=128x256x64_w8x1_s4_persist_tmacontig --tile down_dgrad=128x256x64_w8x1_s4_ws_tmacontig" ;;
+    bn192) echo "--tile down_proj=128x192x64_w8x1_s4_persist_tmacontig --tile gate_up_dgrad=128x192x64_w8x1_s4_ws_tmacontig --tile gate_up_wgrad=128x192x64_w8x1_s4_persist_tmacontig" ;;
+    tmastore) echo "--tile gate_up_wgrad=128x256x64_w8x1_s3_persist_tmacontig_tmastore --tile down_wgrad=128x256x64_w8x1_s3_persist_tmacontig_tmastore" ;;
+    tmastore_small) echo "--tile gate_up_wgrad=128x128x64_w8x1_s4_persist_tmacontig_tmastore --tile down_wgrad=128x256x64_w8x1_s3_ws_tmastore" ;;
+    dgrad_wide) echo "--tile down_dgrad=128x256x64_w8x1_s4_persist_tmacontig" ;;
+    dgrad_narrow) echo "--tile down_dgrad=128x128x64_w8x1_s4_persist_tmacontig" ;;
+    altorder) echo "--tile gate_up=128x128x64_w8x1_s4_persist_tmacontig_altorder --tile down_proj=128x256x64_w8x1_s4_persist_tmacontig_altorder --tile down_wgrad=128x256x64_w8x1_s4_persist_tmacontig_altorder" ;;
+    pingpong)  # ping-pong: 128 rows a warpgroup (the gated gate_up's W1 and W3 tiles 64 wide each)
+      local t="--tile gate_up=128x64x64_w4x1_s6_pingpong_tmacontig --tile down_proj=128x128x64_w4x1_s6_pingpong_tmacontig"
+      t="$t --tile down_dgrad=128x128x64_w4x1_s6_pingpong_tmacontig --tile gate_up_dgrad=128x128x64_w4x1_s6_pingpong_tmacontig"
+      echo "$t --tile gate_up_wgrad=128x128x64_w4x1_s4_pingpong_tmacontig_tmastore --tile down_wgrad=128x128x64_w4x1_s4_pingpong_tmacontig_tmastore" ;;
+    pingpong64) echo "--tile gate_up=64x128x64_w4x1_s5_pingpong_tmacontig --tile down_proj=64x256x64_w4x1_s5_pingpong_tmacontig --tile gate_up_wgrad=128x128x64_w4x1_s4_pingpong_tmacontig" ;;
+    cluster)  # cluster pairs: two blocks share each weight stage by TMA multicast
+      local t="--tile gate_up=128x128x64_w8x1_s4_persist_tmacontig_cluster2x1 --tile down_proj=128x256x64_w8x1_s4_persist_tmacontig_cluster2x1"
+      echo "$t --tile down_dgrad=128x256x64_w8x1_s4_persist_tmacontig_cluster2x1 --tile gate_up_dgrad=128x256x64_w8x1_s4_persist_tmacontig_cluster2x1" ;;
+    pingpong_cluster) echo "--tile gate_up=64x128x64_w4x1_s5_pingpong_tmacontig_cluster2x1 --tile down_proj=64x256x64_w4x1_s5_pingpong_tmacontig_cluster2x1" ;;
   esac
 }
-KINDS="wg ws wsp tma_fwd tma_wgrad tma_dgrad bn192 tstore tstore_small dgrad_wide dgrad_narrow swap pp pp64 c2 pp_c2"
+KINDS="wgmma ws persist tma_fwd tma_wgrad tma_dgrad bn192 tmastore tmastore_small dgrad_wide dgrad_narrow altorder pingpong
+pingpong64 cluster pingpong_cluster"
 
 # Small shapes, each for a reason: (E K d n T, then routing, mode, activation or precision).
 case_args() {
@@ -215,7 +217,7 @@ case_args() {
     fwd) echo "forward-check -E 8 -K 2 -d 256 -n 128 -T 300" ;;
     grad) echo "grad-check -E 8 -K 2 -d 256 -n 128 -T 300" ;;
     skew) echo "grad-check -E 64 -K 8 -d 256 -n 192 -T 1000 --router none --routing skewed --activation silu" ;;  # hot experts, one up matrix
-    ragged) echo "grad-check -E 60 -K 4 -d 200 -n 200 -T 777 --activation geglu" ;;  # partial tiles both ways; up_wgrad tiles straddle dW1 | dW3
+    ragged) echo "grad-check -E 60 -K 4 -d 200 -n 200 -T 777 --activation geglu" ;;  # partial tiles both ways; gate_up_wgrad tiles straddle dW1 | dW3
     ragged_cols) echo "grad-check -E 60 -K 4 -d 200 -n 256 -T 777" ;;  # partial column tiles only
     aligned) echo "grad-check -E 60 -K 4 -d 192 -n 256 -T 777 --activation geglu" ;;  # d, n multiples of 64 (TMA dgrad weight stages)
     aligned_recompute) echo "grad-check -E 60 -K 4 -d 192 -n 256 -T 777 --mode recompute --activation gelu" ;;
@@ -233,20 +235,20 @@ case_args() {
 }
 kind_cases() {
   case $1 in
-    wg|ws|wsp) echo "fwd grad skew recompute" ;;
+    wgmma|ws|persist) echo "fwd grad skew recompute" ;;
     tma_fwd) echo "fwd recompute skew chunked" ;;
     tma_wgrad) echo "recompute skew chunked fp32" ;;
     tma_dgrad) echo "aligned skew" ;;
     bn192) echo "cols192 ragged192 skew192" ;;
-    tstore) echo "grad ragged_cols ragged skew chunked fp32" ;;
-    tstore_small) echo "straddle_recompute" ;;
+    tmastore) echo "grad ragged_cols ragged skew chunked fp32" ;;
+    tmastore_small) echo "straddle_recompute" ;;
     dgrad_wide) echo "grad dgrad_ragged skew chunked chunked_recompute" ;;
     dgrad_narrow) echo "dgrad_ragged" ;;
-    swap) echo "grad skew chunked" ;;
-    pp) echo "grad aligned skew aligned_recompute aligned_chunked fp32" ;;
-    pp64) echo "grad skew fp32" ;;
-    c2) echo "grad aligned skew aligned_recompute aligned_chunked" ;;
-    pp_c2) echo "grad skew aligned_chunked" ;;
+    altorder) echo "grad skew chunked" ;;
+    pingpong) echo "grad aligned skew aligned_recompute aligned_chunked fp32" ;;
+    pingpong64) echo "grad skew fp32" ;;
+    cluster) echo "grad aligned skew aligned_recompute aligned_chunked" ;;
+    pingpong_cluster) echo "grad skew aligned_chunked" ;;
   esac
 }
 
@@ -292,7 +294,7 @@ regress)
   check "regress_tune_$p" 400 $BIN tune --preset "$p" --budget "${MOEBLAZE_DEV_TUNE_BUDGET:-75}" \
     --candidates "${MOEBLAZE_DEV_TUNE_CANDIDATES:-8}" --baseline-out "$base"
   check "regress_pass_$p" 200 $BIN regress --baseline "$base"
-  expect 1 "regress_forced_$p" 200 $BIN regress --baseline "$base" --force up_proj=64x64x64_w2x2_s2 ;;
+  expect 1 "regress_forced_$p" 200 $BIN regress --baseline "$base" --force gate_up=64x64x64_w2x2_s2 ;;
 tiles)
   for c in ${MOEBLAZE_DEV_TILES:-}; do
     p=${c%%:*}
@@ -307,7 +309,7 @@ bench)
   check suite 580 python3 bench/suite.py --shapes "${MOEBLAZE_DEV_SUITE_SHAPES:-qwen3-30b-a3b}" \
     --routing "${MOEBLAZE_DEV_SUITE_ROUTING:-random}" --out "$OUT/suite" ${MOEBLAZE_DEV_SUITE_ARGS:-} ;;
 profile)
-  pf=${MOEBLAZE_DEV_PROFILE_FAMILIES:-up_proj|down_proj|up_dgrad|up_wgrad|down_dgrad|down_wgrad}
+  pf=${MOEBLAZE_DEV_PROFILE_FAMILIES:-gate_up|down_proj|gate_up_dgrad|gate_up_wgrad|down_dgrad|down_wgrad}
   preset=${MOEBLAZE_DEV_PROFILE_PRESET:-mixtral-8x7b}
   sections=""
   for x in ${MOEBLAZE_DEV_PROFILE_SECTIONS:-SpeedOfLight MemoryWorkloadAnalysis ComputeWorkloadAnalysis WarpStateStats SchedulerStats Occupancy LaunchStats}; do
@@ -316,7 +318,7 @@ profile)
   if [ -n "$DRY" ]; then  # the profiled run's shape and tiles, checked like a bench
     check "profile_$preset" 60 $BIN bench --preset "$preset" ${MOEBLAZE_DEV_PROFILE_ARGS:-}
   else
-    check "profile_$preset" 400 ncu --target-processes all -k "regex:mb_($pf)_" \
+    check "profile_$preset" 400 ncu --target-processes all -k "regex:mb_($pf)_E[0-9]" \
       --launch-count "$(echo "$pf" | tr '|' '\n' | wc -l)" $sections \
       $BIN bench --preset "$preset" --no-cache --steps 10 ${MOEBLAZE_DEV_PROFILE_ARGS:-}
   fi ;;

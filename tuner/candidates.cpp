@@ -11,12 +11,12 @@ namespace moeblaze {
 
 std::vector<KernelFamily> tunable_families(const LayerConfig& layer) {
   std::vector<KernelFamily> out;
-  for (const auto& s : layer_kernel_specs(layer, "sm_90a"))
+  for (const auto& s : layer_kernel_specs(layer, Arch::sm_90a))
     if (is_tiled(s.family)) out.push_back(s.family);
   return out;
 }
 
-std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& layer, const std::string& arch,
+std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& layer, Arch arch,
                                         int limit) {
   const TileConfig def = default_tile(family, layer, arch);
   std::vector<TileConfig> all = {def};
@@ -29,31 +29,31 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
   // cp.async.bulk.tensor; `add` keeps it where legal: every expert GEMM, the dgrads' MN-major
   // weight stages only when d or n is a multiple of 64).
   auto with_tma = [](TileConfig t) {
-    t.tma = true;
+    t.tma_contiguous = true;
     return t;
   };
-  if (arch == "sm_90a" && def.warp_specialized()) add(with_tma(def));
+  if (has_wgmma(arch) && def.warp_specialized()) add(with_tma(def));
   // The weight gradients' TMA-store epilogue: the persistent 128x256 tile at 3 stages (the
   // staging buffer takes the fourth stage's shared memory) and the 128x128 one at 4; and the
   // 4-stage direct-store tile, which wins where an expert's slots are many (the default picks
   // between them by E / K, generator/heuristics.cpp).
-  if (arch == "sm_90a" && (family == KernelFamily::up_wgrad || family == KernelFamily::down_wgrad)) {
-    for (TileConfig t : {wgmma_tile(128, 256, 3, true, true), wgmma_tile(128, 128, 4, true, true)}) {
-      t.tma = t.tma_store = true;
+  if (has_wgmma(arch) && (family == KernelFamily::gate_up_wgrad || family == KernelFamily::down_wgrad)) {
+    for (TileConfig t : {wgmma_tile(128, 256, 3, Mainloop::persistent), wgmma_tile(128, 128, 4, Mainloop::persistent)}) {
+      t.tma_contiguous = t.tma_store = true;
       add(t);
     }
-    add(with_tma(wgmma_tile(128, 256, 4, true, true)));
+    add(with_tma(wgmma_tile(128, 256, 4, Mainloop::persistent)));
   }
-  // The other schedule order of the default (`add` keeps it for the expert GEMMs' wgmma tiles).
-  if (arch == "sm_90a") {
-    TileConfig swapped = def;
-    swapped.swap = true;
-    add(swapped);
+  // The other tile order of the default (`add` keeps it for the expert GEMMs' wgmma tiles).
+  if (has_wgmma(arch)) {
+    TileConfig other_order = def;
+    other_order.alt_order = true;
+    add(other_order);
   }
   // The default 256 columns wide made 192 where the output's columns are a multiple of 192
   // but not of 256 (gpt-oss-20b: d = n = 2880 = 15 x 192 = 11.25 x 256): the last column of
   // tiles is whole instead of a quarter full (6% of the tiles' work).
-  if (arch == "sm_90a" && def.wgmma && def.bn == 256 && fits_192_better(family, layer)) {
+  if (has_wgmma(arch) && def.wgmma() && def.bn == 256 && fits_192_better(family, layer)) {
     TileConfig narrow = def;
     narrow.bn = 192;
     add(narrow);
@@ -62,11 +62,11 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
   // Hopper: wgmma tiles first (persistent and one-tile warp-specialised, then the shared
   // pipeline), mma.sync last.
   std::vector<TileConfig> wgmma;
-  if (arch == "sm_90a" && supports_wgmma(family))
-    for (int mode : {3, 2, 1})
+  if (has_wgmma(arch) && supports_wgmma(family))
+    for (Mainloop m : {Mainloop::persistent, Mainloop::warp_specialized, Mainloop::wgmma_multistage})
       for (int bm : {128, 64})
         for (int bn : {128, 256, 64})
-          for (int stages : {4, 3, 5, 6}) wgmma.push_back(wgmma_tile(bm, bn, stages, mode >= 2, mode == 3));
+          for (int stages : {4, 3, 5, 6}) wgmma.push_back(wgmma_tile(bm, bn, stages, m));
   std::vector<TileConfig> sync;
   for (int bm : {64, 128, 256})
     for (int bn : {64, 128, 256})
@@ -83,7 +83,7 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
     int d = 0;
     d += t.bm != def.bm;
     d += t.bn != def.bn;
-    d += (t.warps_m != def.warps_m || t.warps_n != def.warps_n || t.wgmma != def.wgmma);
+    d += (t.warps_m != def.warps_m || t.warps_n != def.warps_n || t.mainloop != def.mainloop);
     d += std::abs(t.stages - def.stages);
     return d;
   };
@@ -94,10 +94,11 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
   // 3-stage shared-pipeline tiles fit two blocks per SM, the warp-specialised ones one; then
   // the persistent 128x256 (and 128x128) tiles, the ones shared-memory bandwidth favours.
   // (`add` drops what is illegal for the family, e.g. persistent router GEMMs.)
-  if (arch == "sm_90a" && supports_wgmma(family))
-    for (const TileConfig& t : {wgmma_tile(128, 128, 3), wgmma_tile(128, 128, 4, true), wgmma_tile(128, 256, 4, true),
-                                wgmma_tile(128, 256, 4, true, true), wgmma_tile(128, 128, 4, true, true),
-                                wgmma_tile(128, 256, 3)}) {
+  if (has_wgmma(arch) && supports_wgmma(family))
+    for (const TileConfig& t :
+         {wgmma_tile(128, 128, 3), wgmma_tile(128, 128, 4, Mainloop::warp_specialized),
+          wgmma_tile(128, 256, 4, Mainloop::warp_specialized), wgmma_tile(128, 256, 4, Mainloop::persistent),
+          wgmma_tile(128, 128, 4, Mainloop::persistent), wgmma_tile(128, 256, 3)}) {
       add(t);
       if (t.warp_specialized()) add(with_tma(t));
     }
@@ -107,9 +108,9 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
   // Cluster pairs sharing the weight operand by TMA multicast: the default made a pair (its
   // persistent form where it is one-tile), and the 64-row ping-pong tile as a pair (the pair
   // loads the weight stage once for 128 rows, as the cooperative 128-row tile does).
-  if (arch == "sm_90a") {
+  if (has_wgmma(arch)) {
     TileConfig pair = with_tma(def);
-    if (pair.wgmma == 2) pair.wgmma = 3;
+    if (pair.mainloop == Mainloop::warp_specialized) pair.mainloop = Mainloop::persistent;
     pair.cluster_m = 2;
     add(pair);
     TileConfig pp = with_tma(pingpong_tile(64, 256 / stacked_b_tiles(family, layer.activation), 5));
@@ -120,9 +121,9 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
   // mainloop): 128 rows a warpgroup (two m64 slabs; the gated up-projection's W1 and W3 tiles 64
   // wide each) or 64 rows with the full 256 columns, TMA for the operands that are not gathered,
   // and the TMA-store epilogue for the weight gradients. `add` keeps them for the expert GEMMs.
-  if (arch == "sm_90a") {
+  if (has_wgmma(arch)) {
     const int nb_pp = stacked_b_tiles(family, layer.activation);
-    const bool wgrad = family == KernelFamily::up_wgrad || family == KernelFamily::down_wgrad;
+    const bool wgrad = family == KernelFamily::gate_up_wgrad || family == KernelFamily::down_wgrad;
     for (auto [bm, bn, stages] : {std::tuple{128, 128 / nb_pp, 6}, std::tuple{64, 256 / nb_pp, 5}, std::tuple{128, 128 / nb_pp, 4}}) {
       TileConfig t = with_tma(pingpong_tile(bm, bn, stages));
       add(t);

@@ -13,7 +13,7 @@ namespace moeblaze {
 std::vector<KernelFamily> tunable_families(const LayerConfig& layer);
 
 // Candidates for one family, the default tile first, at most `limit` of them.
-std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& layer, const std::string& arch,
+std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& layer, Arch arch,
                                         int limit = 16);
 
 }  // namespace moeblaze

@@ -148,8 +148,10 @@ Baseline read_baseline(const std::string& path) {
     for (const auto& k : j.at("kernels")) {
       BaselineKernel bk{k.at("family").get<std::string>(), k.at("tile").get<std::string>(),
                         k.at("median_ms").get<double>(), k.at("spread_ms").get<double>()};
-      parse_family(bk.family);
-      if (bk.tile != "-") TileConfig::parse(bk.tile);
+      // Today's names, so that a baseline written under the older ones compares with the
+      // kernels measured now (compare_to_baseline matches families by name).
+      bk.family = to_string(parse_family(bk.family));
+      if (bk.tile != "-") bk.tile = TileConfig::parse(bk.tile).to_string();
       b.kernels.push_back(bk);
     }
     return b;

@@ -20,12 +20,12 @@ double family_flops(KernelFamily f, const LayerConfig& l, int64_t T) {
   const double TK = double(T) * l.shape.topk, d = l.shape.hidden, n = l.shape.ffn, E = l.shape.experts;
   const double G = l.gate_parts();
   switch (f) {
-    case KernelFamily::up_proj: return 2 * TK * d * n * G;
+    case KernelFamily::gate_up: return 2 * TK * d * n * G;
     case KernelFamily::down_proj: return 2 * TK * d * n;
     case KernelFamily::down_dgrad: return 2 * TK * d * n;
     case KernelFamily::down_wgrad: return 2 * TK * d * n;
-    case KernelFamily::up_wgrad: return 2 * TK * d * n * G;
-    case KernelFamily::up_dgrad: return 2 * TK * d * n * G;
+    case KernelFamily::gate_up_wgrad: return 2 * TK * d * n * G;
+    case KernelFamily::gate_up_dgrad: return 2 * TK * d * n * G;
     case KernelFamily::router_logits:
     case KernelFamily::router_dgrad:
     case KernelFamily::router_wgrad: return 2 * double(T) * d * E;
@@ -37,13 +37,13 @@ double family_min_bytes(KernelFamily f, const LayerConfig& l, int64_t T) {
   const double TK = double(T) * l.shape.topk, d = l.shape.hidden, n = l.shape.ffn, E = l.shape.experts;
   const double G = l.gate_parts(), W = E * n * d * 2;  // one weight matrix, bytes
   switch (f) {
-    case KernelFamily::up_proj: return T * d * 2 + G * W + TK * n * 2 * (G + 1);
+    case KernelFamily::gate_up: return T * d * 2 + G * W + TK * n * 2 * (G + 1);
     case KernelFamily::down_proj: return TK * n * 2 + W + TK * d * 2;
     case KernelFamily::combine: return TK * d * 2 + T * d * 2;
     case KernelFamily::down_dgrad: return T * d * 2 + W + TK * n * 2 * G * 2 + TK * n * 2;
     case KernelFamily::down_wgrad: return T * d * 2 + TK * n * 2 + W;
-    case KernelFamily::up_wgrad: return TK * n * 2 * G + T * d * 2 + G * W;
-    case KernelFamily::up_dgrad: return TK * n * 2 * G + G * W + TK * d * 2;
+    case KernelFamily::gate_up_wgrad: return TK * n * 2 * G + T * d * 2 + G * W;
+    case KernelFamily::gate_up_dgrad: return TK * n * 2 * G + G * W + TK * d * 2;
     case KernelFamily::router_logits: return T * d * 2 + E * d * 2 + T * E * 4;
     default: return 0;
   }

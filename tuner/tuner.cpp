@@ -37,7 +37,7 @@ using Candidates = std::map<KernelFamily, std::vector<Candidate>>;
 // The candidate tiles of every tunable family. Each T is timed against what the runtime
 // runs untuned at that T (the weight gradients' default depends on it): that tile is a
 // candidate even where the list was cut before it.
-std::vector<Candidate> list_candidates(const TuneOptions& o, const LayerConfig& layer, const std::string& arch) {
+std::vector<Candidate> list_candidates(const TuneOptions& o, const LayerConfig& layer, Arch arch) {
   std::vector<Candidate> flat;
   for (KernelFamily f : tunable_families(layer)) {
     std::vector<TileConfig> tiles = tile_candidates(f, layer, arch, o.candidates_per_family);
@@ -84,7 +84,7 @@ std::string build_candidates(std::vector<Candidate>& cands, KernelCache& cache, 
 // ---- the outputs a candidate must reproduce ------------------------------------------
 
 bool is_forward_family(KernelFamily f) {
-  return f == KernelFamily::router_logits || f == KernelFamily::up_proj || f == KernelFamily::down_proj;
+  return f == KernelFamily::router_logits || f == KernelFamily::gate_up || f == KernelFamily::down_proj;
 }
 
 // Device outputs compared between the default and a candidate: y after forward; dx and
@@ -383,7 +383,7 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
   std::string why;
   const bool gpu = gpu_available(&why);
   std::unique_ptr<DeviceContext> ctx;
-  std::string arch = "sm_90a";
+  Arch arch = Arch::sm_90a;
   if (gpu) {
     ctx = std::make_unique<DeviceContext>(0);
     arch = ctx->info().arch();
@@ -392,7 +392,7 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
 
   std::vector<Candidate> flat = list_candidates(o, layer, arch);
   say(fmt::format("compiling {} candidates of {} families for {} ({})", flat.size(), tunable_families(layer).size(),
-                  rep.layer, arch),
+                  rep.layer, to_string(arch)),
       false);
   if (const std::string err = build_candidates(flat, cache, rep); !err.empty())
     say("the cache failed while storing candidates (they were compiled, not stored): " + err, false);

@@ -56,4 +56,33 @@ enum RoutingStatus : int {
   routing_duplicate_expert = 2,
 };
 
+// The mainloop of a GEMM tile: the generator's TileConfig::mainloop and gemm::Tile's MAINLOOP_
+// (gemm/tile.cuh). The glossary of docs/design.md gives each its tile-name suffix and template.
+//   mma_sync          mma.sync warps, one cp.async pipeline shared by all warps
+//   wgmma_multistage  wgmma warpgroups sharing one cp.async pipeline
+//   warp_specialized  a producer warpgroup loads, consumer warpgroups run wgmma; a tile per block
+//   persistent        the same, persistent: blocks walk the tile schedule, the consumers
+//                     splitting each tile's rows (cooperative)
+//   pingpong          persistent, two consumer warpgroups on alternate tiles
+// gemm::Tile takes it as an int template argument (the generated glue writes
+// int(moeblaze::Mainloop::persistent)), so the number is what the kernels' mangled names hold.
+enum class Mainloop : int { mma_sync = 0, wgmma_multistage = 1, warp_specialized = 2, persistent = 3, pingpong = 4 };
+
+MB_HD constexpr bool uses_wgmma(Mainloop m) { return m != Mainloop::mma_sync; }
+// A producer warpgroup feeds the consumers (every wgmma mainloop but the multistage one).
+MB_HD constexpr bool is_warp_specialized(Mainloop m) {
+  return m == Mainloop::warp_specialized || m == Mainloop::persistent || m == Mainloop::pingpong;
+}
+// Blocks walk the tile schedule (ping-pong is persistent too).
+MB_HD constexpr bool is_persistent(Mainloop m) { return m == Mainloop::persistent || m == Mainloop::pingpong; }
+
+// The GPU target kernels are compiled for (KernelSpec::arch, NVRTC's --gpu-architecture). Its
+// text form, "sm_90a" (generator/kernel_spec.hpp to_string / parse_arch), is what the binary
+// cache keys hold. sm_90a is Hopper with its architecture-specific features (wgmma,
+// setmaxnreg), which every tile kind but mma_sync needs. Any other value is the SM number of a
+// target without them (86: sm_86, a GPU that runs the mma.sync tiles only).
+enum class Arch : int { sm_90a = 90 };
+
+MB_HD constexpr bool has_wgmma(Arch a) { return a == Arch::sm_90a; }
+
 }  // namespace moeblaze

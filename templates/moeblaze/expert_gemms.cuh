@@ -26,14 +26,14 @@ namespace moeblaze {
 // Per expert e: [A|B] = gather(x) [W1_e; W3_e]^T, x read once for both matrices.
 // Writes H = [A|B] (when saved) and h = act(A) * up(B) (when the down-projection needs it).
 template <class Cfg, int E, int D, int N, Activation ACT, int W_ROWS, bool BIAS>
-MB_DEV void up_proj(const UpProjArgs& p) {
+MB_DEV void gate_up(const GateUpArgs& p) {
   constexpr int G = gate_parts<ACT>();
   static_assert(Cfg::NB == G, "gated activations stack W1 and W3 tiles");
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
     const gemm::SlotTile pair =
         p.slot_hi > 0
-            ? gemm::chunk_slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, N, Cfg::SWAP>(tile, p.rv.expert_token_offsets, p.slot_lo, p.slot_hi)
-            : gemm::slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, N, Cfg::SWAP>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
+            ? gemm::chunk_slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, N, Cfg::ALT_ORDER>(tile, p.rv.expert_token_offsets, p.slot_lo, p.slot_hi)
+            : gemm::slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, N, Cfg::ALT_ORDER>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
     if (!pair.valid) return false;
     const gemm::SlotTile t = gemm::cluster_half<Cfg>(pair);
     const bf16_t* x = static_cast<const bf16_t*>(p.x);
@@ -41,7 +41,7 @@ MB_DEV void up_proj(const UpProjArgs& p) {
     const int n_rows = N - t.n0 < Cfg::BN ? N - t.n0 : Cfg::BN;
     const gemm::Rows a{x, p.rv.expert_token_indices + t.slot0, t.rows, D, D};
     float acc[Cfg::NB][Cfg::MT][Cfg::NT][4];
-    if constexpr (Cfg::TMA) {  // W1/W3 rows [e*W_ROWS + n0, +BN) of the maps (rows past N: unused columns)
+    if constexpr (Cfg::TMA_CONTIGUOUS) {  // W1/W3 rows [e*W_ROWS + n0, +BN) of the maps (rows past N: unused columns)
       gemm::TmaRows<G> b;
       b.map[0] = &p.tma_w1;
       if constexpr (G == 2) b.map[G - 1] = &p.tma_w3;
@@ -68,15 +68,15 @@ MB_DEV void down_proj(const DownProjArgs& p) {
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
     const gemm::SlotTile pair =
         p.slot_hi > 0
-            ? gemm::chunk_slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, D, Cfg::SWAP>(tile, p.rv.expert_token_offsets, p.slot_lo, p.slot_hi)
-            : gemm::slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, D, Cfg::SWAP>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
+            ? gemm::chunk_slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, D, Cfg::ALT_ORDER>(tile, p.rv.expert_token_offsets, p.slot_lo, p.slot_hi)
+            : gemm::slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, D, Cfg::ALT_ORDER>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
     if (!pair.valid) return false;
     const gemm::SlotTile t = gemm::cluster_half<Cfg>(pair);
     const bf16_t* h = static_cast<const bf16_t*>(p.h);
     const bf16_t* w2 = static_cast<const bf16_t*>(p.w2);
     const gemm::Rows a{h + static_cast<i64>(t.slot0 - p.slot_lo) * N, nullptr, t.rows, N, N};
     float acc[1][Cfg::MT][Cfg::NT][4];
-    if constexpr (Cfg::TMA) {  // W2 rows [e*D + n0, +BN) of the [E*D, N] map; h rows of the
+    if constexpr (Cfg::TMA_CONTIGUOUS) {  // W2 rows [e*D + n0, +BN) of the [E*D, N] map; h rows of the
       // tile from the h buffer's map (rows past the tile feed output rows that are not stored)
       const gemm::TmaRows<1> at{{&p.tma_h}, t.slot0 - p.slot_lo};
       const gemm::TmaRows<1> b{{&p.tma_w2}, t.expert * D + t.n0};
@@ -108,9 +108,9 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
   const int hg_ld = p.n_tiles > 0 ? p.hg_ld : N, hg_col0 = p.n_tiles > 0 ? p.n_tile_lo * Cfg::BN : 0;
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
     const gemm::SlotTile pair =
-        p.n_tiles > 0 ? gemm::slot_tile_cols<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, Cfg::SWAP>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets,
+        p.n_tiles > 0 ? gemm::slot_tile_cols<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, Cfg::ALT_ORDER>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets,
                                                                   p.n_tiles, p.n_tile_lo)
-                      : gemm::slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, N, Cfg::SWAP>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
+                      : gemm::slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, N, Cfg::ALT_ORDER>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
     if (!pair.valid) return false;
     const gemm::SlotTile t = gemm::cluster_half<Cfg>(pair);
     const bf16_t* dy = static_cast<const bf16_t*>(p.dy);
@@ -121,7 +121,7 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
     // Computing threads only (THREADS >= BM): the gates are visible to every consumer after
     // the mainloop's barrier (__syncthreads, or the consumer barrier ws_consume starts with).
     if constexpr (decltype(role)::kComputes) gemm::load_tile_gates<Cfg, K>(p.rv, t, gate_s[gemm::consumer_group<Cfg>()]);
-    if constexpr (Cfg::TMA) {  // W2_e's k rows [k0, +64) of the [E*D, N] map (D % 64 == 0)
+    if constexpr (Cfg::TMA_CONTIGUOUS) {  // W2_e's k rows [k0, +64) of the [E*D, N] map (D % 64 == 0)
       const gemm::TmaMnWeights<1> bt{{&p.tma_w2}, t.expert * D, D, t.n0};
       gemm::run_mainloop<Cfg, true, false>(acc, a, bt, D, gemm::dynamic_smem(), pipe, role);
     } else {
@@ -142,7 +142,7 @@ MB_DEV void down_wgrad(const WgradArgs& p) {
   const int n_cols = p.n_cols > 0 ? p.n_cols : N, col0 = p.n_cols > 0 ? p.n_col0 : 0;
   const int b_ld = p.n_cols > 0 ? p.b_ld : N;
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
-    const gemm::WgradTile w = gemm::wgrad_tile<Cfg::BM, Cfg::BN, E, D, N, Cfg::SWAP>(tile, p.rv, n_cols);
+    const gemm::WgradTile w = gemm::wgrad_tile<Cfg::BM, Cfg::BN, E, D, N, Cfg::ALT_ORDER>(tile, p.rv, n_cols);
     if (!w.valid) {
       if constexpr (decltype(role)::kConsumer) gemm::tma_store_drain<Cfg>();  // both ping-pong groups
       return false;
@@ -152,14 +152,14 @@ MB_DEV void down_wgrad(const WgradArgs& p) {
     const gemm::Rows a{dy + w.m0, p.rv.expert_token_indices + w.slot0, w.count, D, D - w.m0};
     const gemm::Rows b{hg + static_cast<i64>(w.slot0) * b_ld + w.n0, nullptr, w.count, b_ld, n_cols - w.n0};
     float acc[1][Cfg::MT][Cfg::NT][4];
-    if constexpr (Cfg::TMA) {  // hg's slot rows by TMA (the expert's last partial stage: cp.async)
+    if constexpr (Cfg::TMA_CONTIGUOUS) {  // hg's slot rows by TMA (the expert's last partial stage: cp.async)
       const gemm::TmaMnRows<gemm::Rows> bt{&p.tma_b, w.n0, w.slot0, w.count, b};
       gemm::run_mainloop<Cfg, false, false>(acc, a, bt, w.count, gemm::dynamic_smem(), pipe, role);
     } else {
       gemm::run_mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem(), pipe, role);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
-    if constexpr (Cfg::TSTORE) {  // stored bf16 gradients: staged, stored by TMA (tma_out0: this chunk's columns)
+    if constexpr (Cfg::TMA_STORE) {  // stored bf16 gradients: staged, stored by TMA (tma_out0: this chunk's columns)
       if (p.grad_output == static_cast<int>(GradOutput::store_bf16)) {
         gemm::tma_store_tile<Cfg>(acc, gemm::StoreTarget{&p.tma_out0, w.m0, w.n0, w.expert});
         return true;
@@ -176,10 +176,10 @@ MB_DEV void down_wgrad(const WgradArgs& p) {
 
 // [dW1_e; dW3_e] = [dA|dB]^T gather(x): M = G*N rows of dH, N = D.
 template <class Cfg, int E, int D, int N, Activation ACT, int W_ROWS>
-MB_DEV void up_wgrad(const WgradArgs& p) {
+MB_DEV void gate_up_wgrad(const WgradArgs& p) {
   constexpr int G = gate_parts<ACT>();
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
-    const gemm::WgradTile w = gemm::wgrad_tile<Cfg::BM, Cfg::BN, E, G * N, D, Cfg::SWAP>(tile, p.rv);
+    const gemm::WgradTile w = gemm::wgrad_tile<Cfg::BM, Cfg::BN, E, G * N, D, Cfg::ALT_ORDER>(tile, p.rv);
     if (!w.valid) {
       if constexpr (decltype(role)::kConsumer) gemm::tma_store_drain<Cfg>();  // both ping-pong groups
       return false;
@@ -189,14 +189,14 @@ MB_DEV void up_wgrad(const WgradArgs& p) {
     const gemm::Rows a{dH + static_cast<i64>(w.slot0) * (G * N) + w.m0, nullptr, w.count, G * N, G * N - w.m0};
     const gemm::Rows b{x + w.n0, p.rv.expert_token_indices + w.slot0, w.count, D, D - w.n0};
     float acc[1][Cfg::MT][Cfg::NT][4];
-    if constexpr (Cfg::TMA) {  // dH's slot rows by TMA (the expert's last partial stage: cp.async)
+    if constexpr (Cfg::TMA_CONTIGUOUS) {  // dH's slot rows by TMA (the expert's last partial stage: cp.async)
       const gemm::TmaMnRows<gemm::Rows> at{&p.tma_a, w.m0, w.slot0, w.count, a};
       gemm::run_mainloop<Cfg, false, false>(acc, at, b, w.count, gemm::dynamic_smem(), pipe, role);
     } else {
       gemm::run_mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem(), pipe, role);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
-    if constexpr (Cfg::TSTORE) {  // stored bf16 gradients: staged, stored by TMA into dW1 or dW3
+    if constexpr (Cfg::TMA_STORE) {  // stored bf16 gradients: staged, stored by TMA into dW1 or dW3
       // A tile straddling dW1 | dW3 (n % BM != 0: one per expert and column of tiles) keeps
       // the direct stores below: its dW3 part would start at a negative row of dW3's map, and
       // TMA stores at negative coordinates stopped the GPU with an illegal instruction (partial
@@ -225,10 +225,10 @@ MB_DEV void up_wgrad(const WgradArgs& p) {
 // ---- backward: up-projection dgrad ---------------------------------------------------------
 // dx per slot = [dA|dB] [W1_e; W3_e] (one GEMM, reduction G*N); token sums come after.
 template <class Cfg, int E, int D, int N, Activation ACT, int W_ROWS>
-MB_DEV void up_dgrad(const UpDgradArgs& p) {
+MB_DEV void gate_up_dgrad(const GateUpDgradArgs& p) {
   constexpr int G = gate_parts<ACT>();
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
-    const gemm::SlotTile pair = gemm::slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, D, Cfg::SWAP>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
+    const gemm::SlotTile pair = gemm::slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, D, Cfg::ALT_ORDER>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
     if (!pair.valid) return false;
     const gemm::SlotTile t = gemm::cluster_half<Cfg>(pair);
     const bf16_t* dH = static_cast<const bf16_t*>(p.dH);
@@ -238,7 +238,7 @@ MB_DEV void up_dgrad(const UpDgradArgs& p) {
                               G == 2 ? static_cast<const bf16_t*>(p.w3) + w_off : nullptr,
                               N, N, G == 2 ? N : 0, D, D - t.n0};
     float acc[1][Cfg::MT][Cfg::NT][4];
-    if constexpr (Cfg::TMA) {  // dH rows of the tile; W1_e then W3_e k rows (N % 64 == 0)
+    if constexpr (Cfg::TMA_CONTIGUOUS) {  // dH rows of the tile; W1_e then W3_e k rows (N % 64 == 0)
       const gemm::TmaRows<1> at{{&p.tma_dh}, t.slot0};
       gemm::TmaMnWeights<G> bt;
       bt.map[0] = &p.tma_w1;

@@ -70,7 +70,7 @@ struct alignas(128) TmaMap {
   unsigned long long opaque[16];
 };
 
-struct UpProjArgs {      // forward and backward-recompute up-projection
+struct GateUpArgs {      // forward and backward-recompute up-projection
   RoutingView rv;
   const void* x;         // [T,d]
   const void* w1;        // [E,n,d]
@@ -135,11 +135,11 @@ struct WgradArgs {       // dW = sum over an expert's slots of A^T B (both gathe
   int b_ld;              // (a column chunk of down_dgrad's) has rows b_ld apart
   TmaMap tma_a, tma_b;   // TMA tiles only: up wgrad's dH as [T*K, G*n]; down wgrad's hg as
                          // [T*K, n_cols] (rows b_ld apart); boxes [64 slots][64 columns]
-  TmaMap tma_out0, tma_out1;  // "_tstore" tiles only: the outputs as [E][rows][cols], box
+  TmaMap tma_out0, tma_out1;  // "_tmastore" tiles only: the outputs as [E][rows][cols], box
                               // [1][BM][64] (down: dW2's columns [n_col0, +n_cols); up: dW1, dW3)
 };
 
-struct UpDgradArgs {
+struct GateUpDgradArgs {
   RoutingView rv;
   const void* dH;        // [T*K, G*n]
   const void* w1;

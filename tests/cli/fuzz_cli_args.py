@@ -30,10 +30,11 @@ NOT_NUMBERS = ["nan", "NaN", "inf", "-inf", "1e999", "abc", "", "0x", "1e", "+",
 EDGES = ["0", "1", "-1", "2", "7", "8", "10", "16", "17", "64", "100", "512", "513", "65536", "65544", "134217727",
          "134217728", "2147483647", "2147483648", "-2147483649", "4294967304", "9223372036854775807",
          "9223372036854775808", "1152921504606846976", "1e13", "1e30", "0.5", "-0", "1e3", "2.5", "1e-300"]
-FAMILIES = ["up_proj", "down_proj", "down_dgrad", "down_wgrad", "up_wgrad", "up_dgrad", "router_topk", "nope", ""]
-TILES = ["128x128x64_w8x1_s3_wg", "128x256x64_w8x1_s4_wsp_tma", "64x64x64_w2147483648x1_s3", "64x64x64_w99999x1_s3",
-         "big", "", "128x128x64_w2x4_s3", "0x0x0_w0x0_s0", "128x128x64_w8x1_s3_wg_swap_tma", "-1x128x64_w8x1_s3",
-         "128x128x64_w8x1_s99999"]
+FAMILIES = ["gate_up", "down_proj", "down_dgrad", "down_wgrad", "gate_up_wgrad", "gate_up_dgrad", "router_topk", "nope", ""]
+TILES = ["128x128x64_w8x1_s3_wgmma", "128x256x64_w8x1_s4_persist_tmacontig", "128x256x64_w8x1_s4_wsp_tma",
+         "64x64x64_w2147483648x1_s3", "64x64x64_w99999x1_s3", "big", "", "128x128x64_w2x4_s3", "0x0x0_w0x0_s0",
+         "128x128x64_w8x1_s3_wgmma_altorder_tmacontig", "128x128x64_w8x1_s3_wg_swap_tma", "-1x128x64_w8x1_s3",
+         "128x128x64_w8x1_s99999", "128x256x64_w8x1_s4_persist_tmacontig_cluster99999x1"]
 TEXT = ["swiglu", "geglu", "gelu", "relu", "silu", "swish", "none", "softmax", "sigmoid", "save-h", "recompute",
         "random", "skewed", "balanced", "one-hot", "router", "", "\x1b[2J", "x" * 300]
 

@@ -42,17 +42,18 @@ check "presets --json" 0 '"name": "deepseek-v3", "E": 256' "$BIN" presets --json
 check "generate preset" 0 "16 kernels compiled, 0 with spills" "$BIN" generate --preset olmoe-1b-7b
 check "generate json" 0 '"kernels_with_spills": 0' "$BIN" generate $SMALL --json
 check "generate plain activation" 0 "0 with spills" "$BIN" generate $SMALL --activation gelu
-check "generate wgmma tiles" 0 "up_proj .* wgmma .*_wg" "$BIN" generate --preset qwen3-30b-a3b --tile up_proj=128x128x64_w8x1_s3_wg --tile down_proj=128x256x64_w8x1_s3_wg
-check "generate ws tiles" 0 "up_wgrad .* wgmma .*_ws" "$BIN" generate --preset qwen3-30b-a3b --tile up_wgrad=128x128x64_w8x1_s4_ws
+check "generate wgmma tiles" 0 "gate_up .* wgmma .*_wg" "$BIN" generate --preset qwen3-30b-a3b --tile gate_up=128x128x64_w8x1_s3_wgmma --tile down_proj=128x256x64_w8x1_s3_wgmma
+check "generate ws tiles" 0 "gate_up_wgrad .* wgmma .*_ws" "$BIN" generate --preset qwen3-30b-a3b --tile gate_up_wgrad=128x128x64_w8x1_s4_ws
 check "generate --ptx-dir" 0 "16 kernels compiled" "$BIN" generate --preset qwen3-30b-a3b --ptx-dir "$TMP/ptx"
-check "generate --check-only" 0 "16 kernels, every tile legal" "$BIN" generate --check-only --preset mixtral-8x7b --tile up_wgrad=128x256x64_w8x1_s4_wsp_tma_swap
-check "generate --check-only illegal tile" 2 "tile: .*down_dgrad: TMA down_dgrad tiles need d % 64" "$BIN" generate --check-only -E 60 -K 4 -d 136 -n 200 --tile down_dgrad=128x256x64_w8x1_s4_ws_tma
-check "ptx written" 0 "wgmma.mma_async" grep -h -m1 -o "wgmma.mma_async" "$TMP/ptx/mb_up_proj_E128_K8_d2048_n768_swiglu_128x128x64_w8x1_s4_wsp_tma.ptx"
-check "default up_proj loads W1/W3 by TMA" 0 "cp.async.bulk.tensor" grep -h -m1 -o "cp.async.bulk.tensor" "$TMP/ptx/mb_up_proj_E128_K8_d2048_n768_swiglu_128x128x64_w8x1_s4_wsp_tma.ptx"
+check "generate --check-only" 0 "16 kernels, every tile legal" "$BIN" generate --check-only --preset mixtral-8x7b --tile gate_up_wgrad=128x256x64_w8x1_s4_persist_tmacontig_altorder
+check "older tile spellings still read" 0 "16 kernels, every tile legal" "$BIN" generate --check-only --preset mixtral-8x7b --tile gate_up_wgrad=128x256x64_w8x1_s4_wsp_tma_swap --tile down_proj=128x256x64_w8x1_s4_wsp_tma_c2
+check "generate --check-only illegal tile" 2 "tile: .*down_dgrad: TMA down_dgrad tiles need d % 64" "$BIN" generate --check-only -E 60 -K 4 -d 136 -n 200 --tile down_dgrad=128x256x64_w8x1_s4_ws_tmacontig
+check "ptx written" 0 "wgmma.mma_async" grep -h -m1 -o "wgmma.mma_async" "$TMP/ptx/mb_gate_up_E128_K8_d2048_n768_swiglu_128x128x64_w8x1_s4_persist_tmacontig.ptx"
+check "default gate_up loads W1/W3 by TMA" 0 "cp.async.bulk.tensor" grep -h -m1 -o "cp.async.bulk.tensor" "$TMP/ptx/mb_gate_up_E128_K8_d2048_n768_swiglu_128x128x64_w8x1_s4_persist_tmacontig.ptx"
 touch "$TMP/not_a_dir"
 check "generate --ptx-dir under a file" 2 "--ptx-dir: .*not a folder" "$BIN" generate $SMALL --ptx-dir "$TMP/not_a_dir/x"
-check "generate bad tile" 2 "tile: .*bm/16 x 1 warps" "$BIN" generate $SMALL --tile down_wgrad=128x128x64_w2x4_s3_wg
-check "generate malformed tile" 2 "--tile: .*not of the form" "$BIN" generate $SMALL --tile up_proj=big
+check "generate bad tile" 2 "tile: .*bm/16 x 1 warps" "$BIN" generate $SMALL --tile down_wgrad=128x128x64_w2x4_s3_wgmma
+check "generate malformed tile" 2 "--tile: .*not of the form" "$BIN" generate $SMALL --tile gate_up=big
 check "plan" 0 "recompute +held +3.0 MiB" "$BIN" plan --preset qwen3-30b-a3b
 check "plan json" 0 '"h_floor_bytes": 805306368' "$BIN" plan --preset qwen3-30b-a3b --json
 
@@ -73,7 +74,7 @@ check "tune unknown preset" 2 "unknown preset" "$BIN" tune --preset nope --db "$
 check "regress missing file" 2 "--baseline: cannot read" "$BIN" regress --baseline "$TMP/none.json"
 echo '{"format": "other"}' > "$TMP/bad.json"
 check "regress foreign file" 2 "not a moeblaze baseline" "$BIN" regress --baseline "$TMP/bad.json"
-check "regress bad force" 2 "--force|tile|family" "$BIN" regress --baseline "$(dirname "$0")/../../bench/baselines/qwen3-30b-a3b.json" --force up_proj=huge
+check "regress bad force" 2 "--force|tile|family" "$BIN" regress --baseline "$(dirname "$0")/../../bench/baselines/qwen3-30b-a3b.json" --force gate_up=huge
 
 # ---- tune without a GPU: compile into the cache, say timing needs a GPU --------------------
 if [ $gpu -eq 0 ]; then
@@ -203,12 +204,14 @@ check "--budget nan" 2 "--budget: nan is not a finite number" "$BIN" tune $SMALL
 check "--route-scale inf" 2 "--route-scale: inf is not a finite number" "$BIN" plan $SMALL -T 64 --route-scale inf
 check "-d 2147483640" 2 "--hidden: d = 2147483640 is outside \[8, 65536\]" "$BIN" plan -E 8 -K 2 -d 2147483640 -n 64 -T 8
 check "-E 2^32+8" 2 "--experts" "$BIN" plan -E 4294967304 -K 2 -d 64 -n 64 -T 8
-check "tile with 2^31 warps" 2 "--tile: .*tile" "$BIN" generate --check-only $SMALL --tile up_proj=64x64x64_w2147483648x1_s3
-check "tile with 64+ warps" 2 "warps_m = 99999 is outside" "$BIN" generate --check-only $SMALL --tile up_proj=64x64x64_w99999x1_s3
+check "tile with 2^31 warps" 2 "--tile: .*tile" "$BIN" generate --check-only $SMALL --tile gate_up=64x64x64_w2147483648x1_s3
+check "tile with 64+ warps" 2 "warps_m = 99999 is outside" "$BIN" generate --check-only $SMALL --tile gate_up=64x64x64_w99999x1_s3
 check "--candidates -3" 2 "--candidates: -3 is outside \[1, 1000\]" "$BIN" tune $SMALL -T 64 --candidates -3 --db "$TMP/x.db"
 check "--samples huge" 2 "--samples" "$BIN" grad-check $SMALL -T 8 --samples 99999999
 check "--steps negative" 2 "--steps" "$BIN" bench $SMALL -T 8 --steps -5
 check "--arch not a target" 2 "--arch: 'sm_90a --foo' is not a target" "$BIN" generate --check-only $SMALL --arch "sm_90a --foo"
+check "--arch sm_90 is not sm_90a" 2 "--arch: 'sm_90' lacks" "$BIN" generate --check-only $SMALL --arch sm_90
+check "--arch another target" 0 "for sm_86: .* every tile legal" "$BIN" generate --check-only $SMALL --arch sm_86
 check "tune --routing checked before compiling" 2 "--routing: 'bogus' is not one of" "$BIN" tune $SMALL -T 64 --routing bogus --db "$TMP/x.db"
 check "bench --routing" 2 "--routing: 'bogus'" "$BIN" bench $SMALL -T 64 --routing bogus
 python3 - "$(dirname "$0")/../../bench/baselines/qwen3-30b-a3b.json" "$TMP/neg.json" "$TMP/bigT.json" <<'PY'

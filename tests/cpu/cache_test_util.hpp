@@ -128,7 +128,7 @@ inline void check_same(const CachedBinary& a, const CachedBinary& b) {
 
 inline TuningKey make_key(int64_t bucket = 1024, const std::string& shape = "E=8 K=2 d=64 n=32 swiglu") {
   TuningKey k;
-  k.family = "up_proj";
+  k.family = "gate_up";
   k.template_hash = "0123456789abcdef";
   k.shape = shape;
   k.token_bucket = bucket;

@@ -34,7 +34,7 @@ TEST_CASE("cache: key hash and tuning key text") {
   CHECK(key_hash("foobar") == "85944171f73967e8");
   const TuningKey base = make_key();
   CHECK(base.text() ==
-        "family=up_proj;template=0123456789abcdef;shape=E=8 K=2 d=64 n=32 swiglu;bucket=1024;"
+        "family=gate_up;template=0123456789abcdef;shape=E=8 K=2 d=64 n=32 swiglu;bucket=1024;"
         "device=NVIDIA H200\\;cc=9.0\\;sms=132\\;driver=580;policy=routing=router\\;l2=rotated");
   CHECK(base.hash() == key_hash(base.text()));
   CHECK(base.hash().size() == 16);
@@ -62,7 +62,7 @@ TEST_CASE("cache: key hash and tuning key text") {
 TEST_CASE("cache: binary round trip and misses") {
   TempDir dir;
   KernelCache c(dir.file("kernels.db"));
-  const CachedBinary b = make_binary("mb_up_proj_E8_K2_d64_n32_swiglu_128x128x64_w2x4_s3", 100 * 1024, 1);
+  const CachedBinary b = make_binary("mb_gate_up_E8_K2_d64_n32_swiglu_128x128x64_w2x4_s3", 100 * 1024, 1);
   c.put_binary(b);
   const auto found = c.find_binary(b.key_hash, b.key);
   REQUIRE(found);
@@ -728,7 +728,7 @@ TEST_CASE("cache: gc deletes unreferenced binaries first, oldest first") {
                                             "128x128x64_w2x4_s5", "256x128x64_w4x2_s3", "64x64x64_w1x2_s2"};
   std::vector<CachedBinary> bins;
   for (int i = 0; i < 6; ++i) {
-    bins.push_back(make_binary("mb_up_proj_E8_K2_d64_n32_swiglu_" + configs[size_t(i)], 10000, unsigned(i)));
+    bins.push_back(make_binary("mb_gate_up_E8_K2_d64_n32_swiglu_" + configs[size_t(i)], 10000, unsigned(i)));
     c.put_binary(bins.back());
   }
   c.put_winner(make_winner(make_key(1024), configs[0], 1.0));

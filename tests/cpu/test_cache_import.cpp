@@ -16,7 +16,7 @@ using namespace cache_test;
 
 namespace {
 
-constexpr const char* kTile = "128x128x64_w8x1_s3_wg";
+constexpr const char* kTile = "128x128x64_w8x1_s3_wgmma";
 
 // An export of 3 binaries, 6 measurements and 2 winners whose families and tiles are real.
 struct Export {
@@ -27,7 +27,7 @@ struct Export {
   Export(const TempDir& dir, const std::string& name) : file(dir.file(name)) {
     const std::string source = dir.file(name + ".source.db");
     KernelCache c(source);
-    for (int i = 0; i < 3; ++i) binaries.push_back(make_binary(fmt::format("mb_up_proj_import_{}", i), 4000, unsigned(i)));
+    for (int i = 0; i < 3; ++i) binaries.push_back(make_binary(fmt::format("mb_gate_up_import_{}", i), 4000, unsigned(i)));
     for (const auto& b : binaries) c.put_binary(b);
     for (int k = 0; k < 2; ++k) {
       const TuningKey key = make_key(1024 << k);
@@ -249,7 +249,7 @@ TEST_CASE("import: each bad row is left out with its reason, the good ones are t
     insert_winner(db, make_key(256), kTile, "-1.0");
     TuningKey inconsistent = make_key(512);
     db.exec(fmt::format("INSERT INTO winners(key_hash, key_text, family, template_hash, shape, token_bucket, device, "
-                        "policy, config, median_ms, spread_ms, default_ms, created) VALUES('{}', '{}', 'up_proj', '{}', "
+                        "policy, config, median_ms, spread_ms, default_ms, created) VALUES('{}', '{}', 'gate_up', '{}', "
                         "'other shape', 512, '{}', '{}', '{}', 1.0, 0.01, 1.5, 1700000000)",
                         inconsistent.hash(), inconsistent.text(), inconsistent.template_hash, inconsistent.device,
                         inconsistent.policy, kTile));
@@ -354,30 +354,30 @@ TEST_CASE("import: a winner that does not name a tile falls back to the default 
   const LoadOptions options{4096, "policy", {}};
   const std::string device = "test device";
   LoadReport defaults;
-  const std::vector<KernelSpec> plain = choose_tiles(layer, "sm_90a", device, nullptr, options, defaults);
+  const std::vector<KernelSpec> plain = choose_tiles(layer, Arch::sm_90a, device, nullptr, options, defaults);
   // A winner row as a damaged or hand-made cache may hold it (put_winner does not check).
-  const TuningKey up = tuning_key(KernelFamily::up_proj, layer, 4096, device, "policy");
+  const TuningKey up = tuning_key(KernelFamily::gate_up, layer, 4096, device, "policy");
   Winner bad{up, "garbage\x1b[31m", 1.0, 0.01, 2.0, 0};
   c.put_winner(bad);
   const TuningKey down = tuning_key(KernelFamily::down_proj, layer, 4096, device, "policy");
-  const TileConfig legal = TileConfig::parse("128x128x64_w8x1_s3_wg");
+  const TileConfig legal = TileConfig::parse("128x128x64_w8x1_s3_wgmma");
   c.put_winner(Winner{down, legal.to_string(), 1.0, 0.01, 2.0, 0});
   LoadReport r;
   std::vector<KernelSpec> specs;
-  CHECK_NOTHROW(specs = choose_tiles(layer, "sm_90a", device, &c, options, r));
+  CHECK_NOTHROW(specs = choose_tiles(layer, Arch::sm_90a, device, &c, options, r));
   REQUIRE(specs.size() == plain.size());
   for (size_t i = 0; i < specs.size(); ++i) {
-    if (specs[i].family == KernelFamily::up_proj) CHECK(specs[i].tile == plain[i].tile);
+    if (specs[i].family == KernelFamily::gate_up) CHECK(specs[i].tile == plain[i].tile);
     if (specs[i].family == KernelFamily::down_proj) {
       CHECK(specs[i].tile == legal);
       CHECK(r.kernels[i].tile_source == TileSource::tuned_exact);
     }
   }
   REQUIRE(r.warnings.size() == 1);
-  CHECK(contains(r.warnings[0], "up_proj"));
+  CHECK(contains(r.warnings[0], "gate_up"));
   CHECK(contains(r.warnings[0], "does not name a tile"));
   CHECK_FALSE(contains(r.warnings[0], "\x1b"));
-  CHECK(contains(r.summary(), "warning: the cache's winner for up_proj"));
+  CHECK(contains(r.summary(), "warning: the cache's winner for gate_up"));
 }
 
 namespace {
@@ -389,7 +389,7 @@ struct Fuzzer {
   int64_t pick(int64_t n) { return int64_t(rng() % uint64_t(n)); }
 
   std::string random_text() {
-    static const char* pieces[] = {"", "x", "up_proj", "warp_drive", kTile, "not_a_tile", "mb_up_proj", "sm_90a",
+    static const char* pieces[] = {"", "x", "gate_up", "up_proj", "warp_drive", kTile, "not_a_tile", "mb_gate_up", "sm_90a",
                                    "0123456789abcdef", "ok", "illegal", "\x1b[2J", "\x07", "a\nb", "\xc2\x9b", "\xff\xfe",
                                    "'); DROP TABLE binaries; --", "%s%n", "1e999"};
     std::string s = pieces[pick(std::size(pieces))];
@@ -566,7 +566,7 @@ TEST_CASE("load: a read-only or failing cache costs compile time, never the load
   { KernelCache create(path); }
   LayerConfig layer;
   layer.shape = {8, 2, 64, 64};
-  std::vector<KernelSpec> specs = layer_kernel_specs(layer, "sm_90a", 0);
+  std::vector<KernelSpec> specs = layer_kernel_specs(layer, Arch::sm_90a, 0);
   specs.resize(1);  // one small kernel: NVRTC needs no GPU
   {
     KernelCache ro(path, true);

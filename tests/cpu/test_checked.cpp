@@ -110,10 +110,12 @@ TEST_CASE("checked: memory plans and validation refuse overflowing token counts"
 }
 
 TEST_CASE("checked: tile names are read strictly, every number bounded") {
-  CHECK(TileConfig::parse("128x256x64_w8x1_s4_wsp_tma_tstore_swap").to_string() == "128x256x64_w8x1_s4_wsp_tma_tstore_swap");
+  const std::string full = "128x256x64_w8x1_s4_persist_tmacontig_tmastore_altorder";
+  CHECK(TileConfig::parse(full).to_string() == full);
   for (const char* bad : {"64x64x64_w2147483648x1_s3", "64x64x64_w67108864x1_s3", "+128x128x64_w2x4_s3",
                           "128x128x64_w2x4_s3 ", " 128x128x64_w2x4_s3", "128x128x64_w-2x4_s3", "128x128x64_w2x4_s3_",
-                          "128x128x64_w2x4_s3_tma", "128x128x64_w2x4", "", "x", "128x128x64_w2x4_s3\x1b[2J"})
+                          "128x128x64_w2x4_s3_tmacontig", "128x128x64_w2x4_s3_tma", "128x128x64_w2x4",
+                          "", "x", "128x128x64_w2x4_s3\x1b[2J"})
     CHECK_MESSAGE(has(invalid_argument_of([&] { TileConfig::parse(bad); }, "tile"), "not of the form"), bad);
   CHECK(has(invalid_argument_of([] { TileConfig::parse("64x64x64_w99999x1_s3"); }, "tile"),
             "warps_m = 99999 is outside [1, 64]"));
@@ -121,5 +123,5 @@ TEST_CASE("checked: tile names are read strictly, every number bounded") {
   CHECK(has(invalid_argument_of([] { TileConfig::parse("128x128x64_w2x4_s0"); }, "tile"), "stages = 0"));
   // Within the parse bounds, the legality check still refuses what cannot run.
   const LayerConfig l = layer(8, 2, 256, 256);
-  CHECK_FALSE(legality_problem(KernelSpec{KernelFamily::up_proj, l, TileConfig::parse("64x64x64_w64x64_s3")}).empty());
+  CHECK_FALSE(legality_problem(KernelSpec{KernelFamily::gate_up, l, TileConfig::parse("64x64x64_w64x64_s3")}).empty());
 }

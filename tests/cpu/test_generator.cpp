@@ -41,7 +41,7 @@ TEST_CASE("generator: every kernel of every suite shape compiles for sm_90a with
   for (const Preset& p : presets()) {
     if (!p.in_suite) continue;
     SUBCASE(p.name.c_str()) {
-      const auto specs = layer_kernel_specs(p.layer, "sm_90a");
+      const auto specs = layer_kernel_specs(p.layer, Arch::sm_90a);
       size_t runs = 0;
       for (KernelFamily f : all_families()) runs += family_runs(f, p.layer);
       CHECK(specs.size() == runs);
@@ -65,11 +65,11 @@ TEST_CASE("generator: the default expert GEMM tiles compile for the small shapes
     const std::string name = fmt::format("E={} K={} d={} n={}", sh[0], sh[1], sh[2], sh[3]);
     SUBCASE(name.c_str()) {
       std::vector<KernelSpec> picked;
-      for (const auto& s : layer_kernel_specs(l, "sm_90a")) {
+      for (const auto& s : layer_kernel_specs(l, Arch::sm_90a)) {
         INFO(to_string(s.family) << " " << s.tile.to_string());
         REQUIRE(legality_problem(s).empty());
-        if (s.family == KernelFamily::up_dgrad || s.family == KernelFamily::down_proj ||
-            s.family == KernelFamily::up_wgrad || s.family == KernelFamily::down_wgrad)
+        if (s.family == KernelFamily::gate_up_dgrad || s.family == KernelFamily::down_proj ||
+            s.family == KernelFamily::gate_up_wgrad || s.family == KernelFamily::down_wgrad)
           picked.push_back(s);
       }
       check_compiled_without_spills(compile_all(picked));
@@ -87,12 +87,12 @@ TEST_CASE("generator: every activation and router variant compiles (caller routi
       l.renormalize = r == RouterKind::sigmoid_topk;
       const std::string name = fmt::format("{} / {}", to_string(act), to_string(r));
       SUBCASE(name.c_str()) {
-        auto specs = layer_kernel_specs(l, "sm_90a");
+        auto specs = layer_kernel_specs(l, Arch::sm_90a);
         // Only the kernels that depend on the activation or the router: the rest are
         // covered by the suite test.
         std::vector<KernelSpec> picked;
         for (const auto& s : specs)
-          if (s.family == KernelFamily::up_proj || s.family == KernelFamily::down_dgrad ||
+          if (s.family == KernelFamily::gate_up || s.family == KernelFamily::down_dgrad ||
               s.family == KernelFamily::router_topk || s.family == KernelFamily::router_backward ||
               (act == Activation::swiglu && r == RouterKind::softmax_topk))
             picked.push_back(s);
@@ -111,9 +111,9 @@ TEST_CASE("generator: the up-side kernels of a fused gate_up layer compile and a
     l.weight_layout = WeightLayout::fused_gate_up;
     SUBCASE(fmt::format("E={} n={}", sh[0], sh[3]).c_str()) {
       std::vector<KernelSpec> picked;
-      for (const auto& s : layer_kernel_specs(l, "sm_90a"))
-        if (s.family == KernelFamily::up_proj || s.family == KernelFamily::up_wgrad ||
-            s.family == KernelFamily::up_dgrad) {
+      for (const auto& s : layer_kernel_specs(l, Arch::sm_90a))
+        if (s.family == KernelFamily::gate_up || s.family == KernelFamily::gate_up_wgrad ||
+            s.family == KernelFamily::gate_up_dgrad) {
           picked.push_back(s);
           LayerConfig separate = l;
           separate.weight_layout = WeightLayout::separate;
@@ -142,26 +142,26 @@ TEST_CASE("generator: GPT-OSS's experts (clamped SwiGLU, expert biases, fused ga
       CHECK(l.describe().find("clamped_swiglu") != std::string::npos);
       CHECK(l.describe().find(" bias") != std::string::npos);
       std::vector<KernelSpec> picked;
-      for (const auto& s : layer_kernel_specs(l, "sm_90a"))
-        if (s.family == KernelFamily::up_proj || s.family == KernelFamily::down_proj ||
+      for (const auto& s : layer_kernel_specs(l, Arch::sm_90a))
+        if (s.family == KernelFamily::gate_up || s.family == KernelFamily::down_proj ||
             s.family == KernelFamily::down_dgrad || s.family == KernelFamily::bias_grad ||
             s.family == KernelFamily::gate_bias_grad)
           picked.push_back(s);
       REQUIRE(picked.size() == 5);
       for (const auto& s : picked)
-        if (s.family == KernelFamily::up_proj || s.family == KernelFamily::down_proj)
+        if (s.family == KernelFamily::gate_up || s.family == KernelFamily::down_proj)
           CHECK(s.name().find("_bias") != std::string::npos);
       check_compiled_without_spills(compile_all(picked));
     }
   }
   LayerConfig plain;
   plain.shape = {8, 2, 128, 64};
-  for (const auto& s : layer_kernel_specs(plain, "sm_90a"))  // no biases: no bias kernels
+  for (const auto& s : layer_kernel_specs(plain, Arch::sm_90a))  // no biases: no bias kernels
     CHECK((s.family != KernelFamily::bias_grad && s.family != KernelFamily::gate_bias_grad));
 }
 
 TEST_CASE("generator: the silu-family epilogues compute the sigmoid without an IEEE division") {
-  // up_proj and down_dgrad apply the activation unrolled over a whole tile; an IEEE divide is
+  // gate_up and down_dgrad apply the activation unrolled over a whole tile; an IEEE divide is
   // ~10 instructions and a slow-path call per element, each a long dependent chain (down_dgrad
   // 19% slower with them, docs/performance.md): the sigmoid is rcp.approx(1 + exp(-a)).
   for (const Preset& p : presets()) {
@@ -169,8 +169,8 @@ TEST_CASE("generator: the silu-family epilogues compute the sigmoid without an I
     SUBCASE(p.name.c_str()) {
       REQUIRE(p.layer.activation == Activation::swiglu);
       std::vector<KernelSpec> picked;
-      for (const auto& s : layer_kernel_specs(p.layer, "sm_90a"))
-        if (s.family == KernelFamily::up_proj || s.family == KernelFamily::down_dgrad) picked.push_back(s);
+      for (const auto& s : layer_kernel_specs(p.layer, Arch::sm_90a))
+        if (s.family == KernelFamily::gate_up || s.family == KernelFamily::down_dgrad) picked.push_back(s);
       REQUIRE(picked.size() == 2);
       for (const auto& b : compile_all(picked, 0, true)) {  // keep the PTX
         REQUIRE(!b.compiled.ptx.empty());
@@ -189,7 +189,7 @@ TEST_CASE("generator: each compiled kernel reports its machine code size from th
     if (p.name == "gpt-oss-20b") gpt = &p;
   REQUIRE(gpt != nullptr);
   std::vector<KernelSpec> picked;
-  for (const auto& s : layer_kernel_specs(gpt->layer, "sm_90a"))
+  for (const auto& s : layer_kernel_specs(gpt->layer, Arch::sm_90a))
     if (s.family == KernelFamily::combine || s.family == KernelFamily::down_dgrad) picked.push_back(s);
   REQUIRE(picked.size() == 2);
   const auto built = compile_all(picked);
@@ -242,7 +242,7 @@ TEST_CASE("generator: an NVRTC failure carries the log, options, source and kern
 
 TEST_CASE("generator: kernel names are unique per family and tile and name the shape") {
   const LayerConfig l = find_preset("qwen3-30b-a3b").layer;
-  const auto specs = layer_kernel_specs(l, "sm_90a");
+  const auto specs = layer_kernel_specs(l, Arch::sm_90a);
   std::set<std::string> names;
   for (const auto& s : specs) {
     CHECK(names.insert(s.name()).second);
@@ -256,11 +256,11 @@ TEST_CASE("generator: kernel names are unique per family and tile and name the s
 
 TEST_CASE("generator: legality rules reject impossible tiles with a reason") {
   const LayerConfig l = find_preset("qwen3-30b-a3b").layer;
-  KernelSpec s{KernelFamily::down_proj, l, default_tile(KernelFamily::down_proj, l, "sm_90a"), "sm_90a"};
+  KernelSpec s{KernelFamily::down_proj, l, default_tile(KernelFamily::down_proj, l, Arch::sm_90a), Arch::sm_90a};
   CHECK(legality_problem(s).empty());
   s.tile.bk = 32;
   CHECK(!legality_problem(s).empty());
-  s.tile = default_tile(KernelFamily::down_proj, l, "sm_90a");
+  s.tile = default_tile(KernelFamily::down_proj, l, Arch::sm_90a);
   s.tile.stages = 8;  // 8 * 32 KiB > 227 KiB
   CHECK(legality_problem(s).find("shared memory") != std::string::npos);
   CHECK_THROWS_AS(generate(s), InvalidArgument);
@@ -320,9 +320,9 @@ void check_wgmma_tiles_compile(Pick pick, bool warp_specialized, bool persistent
     if (!p.in_suite) continue;
     SUBCASE(p.name.c_str()) {
       std::vector<KernelSpec> specs;
-      for (const auto& s : layer_kernel_specs(p.layer, "sm_90a")) {
+      for (const auto& s : layer_kernel_specs(p.layer, Arch::sm_90a)) {
         if (!is_tiled(s.family)) continue;
-        const KernelSpec w{s.family, p.layer, pick(s.family), "sm_90a"};
+        const KernelSpec w{s.family, p.layer, pick(s.family), Arch::sm_90a};
         REQUIRE_MESSAGE(legality_problem(w).empty(), legality_problem(w));
         specs.push_back(w);
       }
@@ -330,9 +330,9 @@ void check_wgmma_tiles_compile(Pick pick, bool warp_specialized, bool persistent
       const auto built = compile_all(specs, 0, true);
       std::vector<BuiltKernel> exact;
       for (const auto& b : built) {
-        // Known: the persistent 128x128 up_proj (W1 and W3 stacked: 128 accumulators and the
+        // Known: the persistent 128x128 gate_up (W1 and W3 stacked: 128 accumulators and the
         // gated epilogue under the consumers' 200 registers) spills a few bytes (gemm/mainloop/warp_specialized.cuh).
-        if (persistent && b.generated.spec.family == KernelFamily::up_proj) {
+        if (persistent && b.generated.spec.family == KernelFamily::gate_up) {
           INFO(b.compiled.kernel_name);
           CHECK(b.compiled.resources.spill_store_bytes <= 64);
           continue;
@@ -360,33 +360,33 @@ void check_wgmma_tiles_compile(Pick pick, bool warp_specialized, bool persistent
 TEST_CASE("generator: wgmma tiles compile for every GEMM of every suite shape, use wgmma, do not spill") {
   check_wgmma_tiles_compile(
       [](KernelFamily f) {
-        // Gated up_proj stacks W1 and W3: bn 128 keeps 128 accumulators per thread.
-        return f == KernelFamily::up_proj ? wgmma_tile(128, 128, 3) : wgmma_tile(128, 128, 4);
+        // Gated gate_up stacks W1 and W3: bn 128 keeps 128 accumulators per thread.
+        return f == KernelFamily::gate_up ? wgmma_tile(128, 128, 3) : wgmma_tile(128, 128, 4);
       },
       false);
   const LayerConfig l = find_preset("qwen3-30b-a3b").layer;
-  CHECK(TileConfig::parse("128x128x64_w8x1_s3_wg") == wgmma_tile(128, 128, 3));
-  CHECK(wgmma_tile(128, 128, 3).to_string() == "128x128x64_w8x1_s3_wg");
-  CHECK(!legality_problem(KernelSpec{KernelFamily::down_wgrad, l, TileConfig{128, 128, 64, 2, 4, 3, 1}, "sm_90a"})
+  CHECK(TileConfig::parse("128x128x64_w8x1_s3_wgmma") == wgmma_tile(128, 128, 3));
+  CHECK(wgmma_tile(128, 128, 3).to_string() == "128x128x64_w8x1_s3_wgmma");
+  CHECK(!legality_problem(KernelSpec{KernelFamily::down_wgrad, l, TileConfig{128, 128, 64, 2, 4, 3, Mainloop::wgmma_multistage}, Arch::sm_90a})
              .empty());  // wgmma needs the bm/16 x 1 warp layout
 }
 
 TEST_CASE("generator: warp-specialised wgmma tiles compile for every GEMM of every suite shape, do not spill") {
   check_wgmma_tiles_compile(
       [](KernelFamily f) {
-        return f == KernelFamily::up_proj ? wgmma_tile(128, 128, 3, true)
-               : f == KernelFamily::down_proj ? wgmma_tile(128, 256, 3, true)
-                                              : wgmma_tile(128, 128, 4, true);
+        return f == KernelFamily::gate_up ? wgmma_tile(128, 128, 3, Mainloop::warp_specialized)
+               : f == KernelFamily::down_proj ? wgmma_tile(128, 256, 3, Mainloop::warp_specialized)
+                                              : wgmma_tile(128, 128, 4, Mainloop::warp_specialized);
       },
       true);
   const LayerConfig l = find_preset("qwen3-30b-a3b").layer;
-  const TileConfig ws = wgmma_tile(128, 128, 4, true);
+  const TileConfig ws = wgmma_tile(128, 128, 4, Mainloop::warp_specialized);
   CHECK(ws.to_string() == "128x128x64_w8x1_s4_ws");
   CHECK(TileConfig::parse("128x128x64_w8x1_s4_ws") == ws);
   CHECK(ws.threads() == 384);
   CHECK(ws.compute_threads() == 256);
-  CHECK(legality_problem(KernelSpec{KernelFamily::up_wgrad, l, wgmma_tile(64, 128, 4, true), "sm_90a"}).empty());
-  CHECK(!legality_problem(KernelSpec{KernelFamily::up_wgrad, l, wgmma_tile(256, 128, 3, true), "sm_90a"})
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up_wgrad, l, wgmma_tile(64, 128, 4, Mainloop::warp_specialized), Arch::sm_90a}).empty());
+  CHECK(!legality_problem(KernelSpec{KernelFamily::gate_up_wgrad, l, wgmma_tile(256, 128, 3, Mainloop::warp_specialized), Arch::sm_90a})
              .empty());  // at most two consumer warpgroups
 }
 
@@ -394,55 +394,55 @@ TEST_CASE("generator: warp-specialised wgmma tiles compile for every GEMM of eve
 TEST_CASE("generator: persistent warp-specialised tiles compile for every expert GEMM of every suite shape") {
   check_wgmma_tiles_compile(
       [](KernelFamily f) {
-        if (!supports_persistent(f)) return wgmma_tile(128, 64, 4, true);  // router GEMMs: one tile per block
-        return f == KernelFamily::up_proj ? wgmma_tile(128, 128, 4, true, true) : wgmma_tile(128, 256, 4, true, true);
+        if (!supports_persistent(f)) return wgmma_tile(128, 64, 4, Mainloop::warp_specialized);  // router GEMMs: one tile per block
+        return f == KernelFamily::gate_up ? wgmma_tile(128, 128, 4, Mainloop::persistent) : wgmma_tile(128, 256, 4, Mainloop::persistent);
       },
       true, true);
   const LayerConfig l = find_preset("qwen3-30b-a3b").layer;
-  const TileConfig p = wgmma_tile(128, 256, 4, true, true);
-  CHECK(p.to_string() == "128x256x64_w8x1_s4_wsp");
-  CHECK(TileConfig::parse("128x256x64_w8x1_s4_wsp") == p);
+  const TileConfig p = wgmma_tile(128, 256, 4, Mainloop::persistent);
+  CHECK(p.to_string() == "128x256x64_w8x1_s4_persist");
+  CHECK(TileConfig::parse("128x256x64_w8x1_s4_persist") == p);
   CHECK(p.persistent());
   CHECK(p.warp_specialized());
   CHECK(p.threads() == 384);
   CHECK_THROWS_AS(TileConfig::parse("128x256x64_w8x1_s4_wspx"), InvalidArgument);
   for (KernelFamily f : {KernelFamily::router_logits, KernelFamily::router_dgrad, KernelFamily::router_wgrad})
-    CHECK(legality_problem(KernelSpec{f, l, wgmma_tile(128, 64, 4, true, true), "sm_90a"}) ==
+    CHECK(legality_problem(KernelSpec{f, l, wgmma_tile(128, 64, 4, Mainloop::persistent), Arch::sm_90a}) ==
           "persistent tiles are for the expert GEMMs");
-  CHECK(legality_problem(KernelSpec{KernelFamily::down_dgrad, l, p, "sm_90a"}).empty());
+  CHECK(legality_problem(KernelSpec{KernelFamily::down_dgrad, l, p, Arch::sm_90a}).empty());
 }
 
-TEST_CASE("generator: TMA tiles (up_proj, down_proj, up_wgrad, down_wgrad) compile for every suite shape and issue bulk tensor copies") {
-  const TileConfig up_ws = [] { TileConfig t = wgmma_tile(128, 128, 4, true); t.tma = true; return t; }();
-  const TileConfig down_ws = [] { TileConfig t = wgmma_tile(128, 256, 4, true); t.tma = true; return t; }();
-  const TileConfig down_wsp = [] { TileConfig t = wgmma_tile(128, 256, 4, true, true); t.tma = true; return t; }();
-  CHECK(up_ws.to_string() == "128x128x64_w8x1_s4_ws_tma");
-  CHECK(TileConfig::parse("128x128x64_w8x1_s4_ws_tma") == up_ws);
-  CHECK(TileConfig::parse("128x256x64_w8x1_s4_wsp_tma") == down_wsp);
-  CHECK_THROWS_AS(TileConfig::parse("128x256x64_w8x1_s4_tma"), InvalidArgument);
+TEST_CASE("generator: TMA tiles (gate_up, down_proj, gate_up_wgrad, down_wgrad) compile for every suite shape and issue bulk tensor copies") {
+  const TileConfig up_ws = [] { TileConfig t = wgmma_tile(128, 128, 4, Mainloop::warp_specialized); t.tma_contiguous = true; return t; }();
+  const TileConfig down_ws = [] { TileConfig t = wgmma_tile(128, 256, 4, Mainloop::warp_specialized); t.tma_contiguous = true; return t; }();
+  const TileConfig down_persist = [] { TileConfig t = wgmma_tile(128, 256, 4, Mainloop::persistent); t.tma_contiguous = true; return t; }();
+  CHECK(up_ws.to_string() == "128x128x64_w8x1_s4_ws_tmacontig");
+  CHECK(TileConfig::parse("128x128x64_w8x1_s4_ws_tmacontig") == up_ws);
+  CHECK(TileConfig::parse("128x256x64_w8x1_s4_persist_tmacontig") == down_persist);
+  CHECK_THROWS_AS(TileConfig::parse("128x256x64_w8x1_s4_tmacontig"), InvalidArgument);
   CHECK_THROWS_AS(TileConfig::parse("128x256x64_w8x1_s4_ws_tmax"), InvalidArgument);
   const LayerConfig q = find_preset("qwen3-30b-a3b").layer;
-  CHECK(legality_problem(KernelSpec{KernelFamily::router_dgrad, q, down_ws, "sm_90a"}) ==
+  CHECK(legality_problem(KernelSpec{KernelFamily::router_dgrad, q, down_ws, Arch::sm_90a}) ==
         "TMA loads are for the expert GEMMs");
-  for (KernelFamily f : {KernelFamily::up_wgrad, KernelFamily::down_wgrad, KernelFamily::up_dgrad, KernelFamily::down_dgrad})
-    CHECK(legality_problem(KernelSpec{f, q, down_ws, "sm_90a"}).empty());
+  for (KernelFamily f : {KernelFamily::gate_up_wgrad, KernelFamily::down_wgrad, KernelFamily::gate_up_dgrad, KernelFamily::down_dgrad})
+    CHECK(legality_problem(KernelSpec{f, q, down_ws, Arch::sm_90a}).empty());
   LayerConfig odd = q;
   odd.shape.ffn = 776;  // W1/W3 k stages would straddle the two matrices
-  CHECK(legality_problem(KernelSpec{KernelFamily::up_dgrad, odd, down_ws, "sm_90a"}).find("n % 64") != std::string::npos);
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up_dgrad, odd, down_ws, Arch::sm_90a}).find("n % 64") != std::string::npos);
   TileConfig wg_tma = wgmma_tile(128, 128, 4);
-  wg_tma.tma = true;
-  CHECK(legality_problem(KernelSpec{KernelFamily::up_proj, q, wg_tma, "sm_90a"}).find("warp-specialised") !=
+  wg_tma.tma_contiguous = true;
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up, q, wg_tma, Arch::sm_90a}).find("warp-specialised") !=
         std::string::npos);
   for (const Preset& p : presets()) {
     if (!p.in_suite) continue;
     SUBCASE(p.name.c_str()) {
-      const std::vector<KernelSpec> specs{{KernelFamily::up_proj, p.layer, up_ws, "sm_90a"},
-                                          {KernelFamily::down_proj, p.layer, down_ws, "sm_90a"},
-                                          {KernelFamily::down_proj, p.layer, down_wsp, "sm_90a"},
-                                          {KernelFamily::up_wgrad, p.layer, down_ws, "sm_90a"},
-                                          {KernelFamily::down_wgrad, p.layer, down_wsp, "sm_90a"},
-                                          {KernelFamily::up_dgrad, p.layer, down_ws, "sm_90a"},
-                                          {KernelFamily::down_dgrad, p.layer, down_ws, "sm_90a"}};
+      const std::vector<KernelSpec> specs{{KernelFamily::gate_up, p.layer, up_ws, Arch::sm_90a},
+                                          {KernelFamily::down_proj, p.layer, down_ws, Arch::sm_90a},
+                                          {KernelFamily::down_proj, p.layer, down_persist, Arch::sm_90a},
+                                          {KernelFamily::gate_up_wgrad, p.layer, down_ws, Arch::sm_90a},
+                                          {KernelFamily::down_wgrad, p.layer, down_persist, Arch::sm_90a},
+                                          {KernelFamily::gate_up_dgrad, p.layer, down_ws, Arch::sm_90a},
+                                          {KernelFamily::down_dgrad, p.layer, down_ws, Arch::sm_90a}};
       for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), legality_problem(s));
       const auto built = compile_all(specs, 0, true);
       check_compiled_without_spills(built);
@@ -464,12 +464,12 @@ TEST_CASE("generator: 192-column wgmma tiles compile for the expert GEMMs (m64n1
     t.bn = 192;
     return t;
   };
-  const TileConfig wsp = narrow(default_tile(KernelFamily::down_proj, gpt, "sm_90a"));
-  CHECK(wsp.to_string() == "128x192x64_w8x1_s4_wsp_tma");
-  CHECK(TileConfig::parse("128x192x64_w8x1_s4_wsp_tma") == wsp);
+  const TileConfig persist = narrow(default_tile(KernelFamily::down_proj, gpt, Arch::sm_90a));
+  CHECK(persist.to_string() == "128x192x64_w8x1_s4_persist_tmacontig");
+  CHECK(TileConfig::parse("128x192x64_w8x1_s4_persist_tmacontig") == persist);
   std::vector<KernelSpec> specs;
-  for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::up_dgrad, KernelFamily::up_wgrad})
-    specs.push_back({f, gpt, narrow(default_tile(f, gpt, "sm_90a")), "sm_90a"});
+  for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::gate_up_dgrad, KernelFamily::gate_up_wgrad})
+    specs.push_back({f, gpt, narrow(default_tile(f, gpt, Arch::sm_90a)), Arch::sm_90a});
   for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), legality_problem(s));
   const auto built = compile_all(specs, 0, true);
   check_compiled_without_spills(built);
@@ -479,52 +479,52 @@ TEST_CASE("generator: 192-column wgmma tiles compile for the expert GEMMs (m64n1
   }
   // down_dgrad / down_wgrad run in column chunks of a multiple of 256 on wide-h layers.
   for (KernelFamily f : {KernelFamily::down_dgrad, KernelFamily::down_wgrad})
-    CHECK(legality_problem(KernelSpec{f, gpt, narrow(wgmma_tile(128, 256, 4, true)), "sm_90a"}).find("column chunks") !=
+    CHECK(legality_problem(KernelSpec{f, gpt, narrow(wgmma_tile(128, 256, 4, Mainloop::warp_specialized)), Arch::sm_90a}).find("column chunks") !=
           std::string::npos);
-  // Gated up_proj stacks W1 and W3: 2 x 192 columns is more accumulators than a thread holds.
-  TileConfig up = narrow(wgmma_tile(128, 128, 4, true, true));
-  up.tma = true;
-  CHECK(legality_problem(KernelSpec{KernelFamily::up_proj, gpt, up, "sm_90a"}).find("accumulator registers") !=
+  // Gated gate_up stacks W1 and W3: 2 x 192 columns is more accumulators than a thread holds.
+  TileConfig up = narrow(wgmma_tile(128, 128, 4, Mainloop::persistent));
+  up.tma_contiguous = true;
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up, gpt, up, Arch::sm_90a}).find("accumulator registers") !=
         std::string::npos);
   // Without TMA, the cp.async loader cannot split a 192-wide row among the producer's threads.
-  CHECK(legality_problem(KernelSpec{KernelFamily::up_dgrad, gpt, narrow(wgmma_tile(128, 256, 4, true)), "sm_90a"})
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up_dgrad, gpt, narrow(wgmma_tile(128, 256, 4, Mainloop::warp_specialized)), Arch::sm_90a})
             .find("need TMA") != std::string::npos);
 }
 
-TEST_CASE("generator: _tstore tiles (TMA-store epilogue) compile for both weight gradients of every suite shape") {
+TEST_CASE("generator: _tmastore tiles (TMA-store epilogue) compile for both weight gradients of every suite shape") {
   auto tstore = [](TileConfig t) {
-    t.tma = t.tma_store = true;
+    t.tma_contiguous = t.tma_store = true;
     return t;
   };
-  const TileConfig wide = tstore(wgmma_tile(128, 256, 3, true, true));
-  const TileConfig narrow = tstore(wgmma_tile(128, 128, 4, true, true));
-  TileConfig one = wgmma_tile(128, 256, 3, true);
+  const TileConfig wide = tstore(wgmma_tile(128, 256, 3, Mainloop::persistent));
+  const TileConfig narrow = tstore(wgmma_tile(128, 128, 4, Mainloop::persistent));
+  TileConfig one = wgmma_tile(128, 256, 3, Mainloop::warp_specialized);
   one.tma_store = true;  // one-tile, cp.async loads: the store waits before the block exits
-  CHECK(wide.to_string() == "128x256x64_w8x1_s3_wsp_tma_tstore");
-  CHECK(TileConfig::parse("128x256x64_w8x1_s3_wsp_tma_tstore") == wide);
-  CHECK(TileConfig::parse("128x256x64_w8x1_s3_ws_tstore") == one);
-  TileConfig swapped = wide;
-  swapped.swap = true;
-  CHECK(TileConfig::parse("128x256x64_w8x1_s3_wsp_tma_tstore_swap") == swapped);
-  CHECK_THROWS_AS(TileConfig::parse("128x256x64_w8x1_s3_wsp_tstore_tma"), InvalidArgument);
+  CHECK(wide.to_string() == "128x256x64_w8x1_s3_persist_tmacontig_tmastore");
+  CHECK(TileConfig::parse("128x256x64_w8x1_s3_persist_tmacontig_tmastore") == wide);
+  CHECK(TileConfig::parse("128x256x64_w8x1_s3_ws_tmastore") == one);
+  TileConfig other_order = wide;
+  other_order.alt_order = true;
+  CHECK(TileConfig::parse("128x256x64_w8x1_s3_persist_tmacontig_tmastore_altorder") == other_order);
+  CHECK_THROWS_AS(TileConfig::parse("128x256x64_w8x1_s3_persist_tmastore_tmacontig"), InvalidArgument);
   const LayerConfig q = find_preset("qwen3-30b-a3b").layer;
   CHECK(wide.smem_bytes(1) == 3 * 48 * 1024 + 64 * 1024 + 1024);
   TileConfig four = wide;
   four.stages = 4;  // four stages and the staging buffer exceed the shared memory
-  CHECK(legality_problem(KernelSpec{KernelFamily::up_wgrad, q, four, "sm_90a"}).find("shared memory") != std::string::npos);
-  for (KernelFamily f : {KernelFamily::up_proj, KernelFamily::down_dgrad, KernelFamily::up_dgrad})
-    CHECK(legality_problem(KernelSpec{f, q, wide, "sm_90a"}).find("weight gradients") != std::string::npos);
-  TileConfig wg = wgmma_tile(128, 128, 3);
-  wg.tma_store = true;
-  CHECK(legality_problem(KernelSpec{KernelFamily::up_wgrad, q, wg, "sm_90a"}).find("warp-specialised") !=
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up_wgrad, q, four, Arch::sm_90a}).find("shared memory") != std::string::npos);
+  for (KernelFamily f : {KernelFamily::gate_up, KernelFamily::down_dgrad, KernelFamily::gate_up_dgrad})
+    CHECK(legality_problem(KernelSpec{f, q, wide, Arch::sm_90a}).find("weight gradients") != std::string::npos);
+  TileConfig multistage = wgmma_tile(128, 128, 3);
+  multistage.tma_store = true;
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up_wgrad, q, multistage, Arch::sm_90a}).find("warp-specialised") !=
         std::string::npos);
   for (const Preset& p : presets()) {
     if (!p.in_suite) continue;
     SUBCASE(p.name.c_str()) {
-      const std::vector<KernelSpec> specs{{KernelFamily::up_wgrad, p.layer, wide, "sm_90a"},
-                                          {KernelFamily::down_wgrad, p.layer, wide, "sm_90a"},
-                                          {KernelFamily::up_wgrad, p.layer, narrow, "sm_90a"},
-                                          {KernelFamily::down_wgrad, p.layer, one, "sm_90a"}};
+      const std::vector<KernelSpec> specs{{KernelFamily::gate_up_wgrad, p.layer, wide, Arch::sm_90a},
+                                          {KernelFamily::down_wgrad, p.layer, wide, Arch::sm_90a},
+                                          {KernelFamily::gate_up_wgrad, p.layer, narrow, Arch::sm_90a},
+                                          {KernelFamily::down_wgrad, p.layer, one, Arch::sm_90a}};
       for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), legality_problem(s));
       const auto built = compile_all(specs, 0, true);
       check_compiled_without_spills(built);
@@ -541,30 +541,30 @@ TEST_CASE("generator: _tstore tiles (TMA-store epilogue) compile for both weight
   }
 }
 
-TEST_CASE("generator: swapped tile orders compile for every expert GEMM and round-trip their names") {
-  TileConfig wg = wgmma_tile(128, 128, 3);
-  wg.swap = true;
-  TileConfig wsp_tma = wgmma_tile(128, 256, 4, true, true);
-  wsp_tma.tma = true;
-  wsp_tma.swap = true;
-  CHECK(wg.to_string() == "128x128x64_w8x1_s3_wg_swap");
-  CHECK(wsp_tma.to_string() == "128x256x64_w8x1_s4_wsp_tma_swap");
-  CHECK(TileConfig::parse("128x128x64_w8x1_s3_wg_swap") == wg);
-  CHECK(TileConfig::parse("128x256x64_w8x1_s4_wsp_tma_swap") == wsp_tma);
-  CHECK_THROWS_AS(TileConfig::parse("128x256x64_w8x1_s4_swap"), InvalidArgument);
-  CHECK_THROWS_AS(TileConfig::parse("128x256x64_w8x1_s4_ws_swap_tma"), InvalidArgument);
+TEST_CASE("generator: the other tile order compiles for every expert GEMM and round-trips its names") {
+  TileConfig multistage = wgmma_tile(128, 128, 3);
+  multistage.alt_order = true;
+  TileConfig persist_tma = wgmma_tile(128, 256, 4, Mainloop::persistent);
+  persist_tma.tma_contiguous = true;
+  persist_tma.alt_order = true;
+  CHECK(multistage.to_string() == "128x128x64_w8x1_s3_wgmma_altorder");
+  CHECK(persist_tma.to_string() == "128x256x64_w8x1_s4_persist_tmacontig_altorder");
+  CHECK(TileConfig::parse("128x128x64_w8x1_s3_wgmma_altorder") == multistage);
+  CHECK(TileConfig::parse("128x256x64_w8x1_s4_persist_tmacontig_altorder") == persist_tma);
+  CHECK_THROWS_AS(TileConfig::parse("128x256x64_w8x1_s4_altorder"), InvalidArgument);
+  CHECK_THROWS_AS(TileConfig::parse("128x256x64_w8x1_s4_ws_altorder_tmacontig"), InvalidArgument);
   const LayerConfig l = find_preset("mixtral-8x7b").layer;
   TileConfig router = wgmma_tile(128, 64, 4);
-  router.swap = true;
-  CHECK(legality_problem(KernelSpec{KernelFamily::router_logits, l, router, "sm_90a"}) ==
-        "the swapped tile order is for wgmma tiles of the expert GEMMs");
+  router.alt_order = true;
+  CHECK(legality_problem(KernelSpec{KernelFamily::router_logits, l, router, Arch::sm_90a}) ==
+        "the other tile order (_altorder) is for wgmma tiles of the expert GEMMs");
   std::vector<KernelSpec> specs;
-  for (KernelFamily f : {KernelFamily::up_proj, KernelFamily::down_proj, KernelFamily::down_dgrad,
-                         KernelFamily::down_wgrad, KernelFamily::up_wgrad, KernelFamily::up_dgrad}) {
-    TileConfig t = f == KernelFamily::up_proj ? wgmma_tile(128, 128, 4, true, true) : wgmma_tile(128, 256, 4, true);
-    t.tma = f == KernelFamily::up_proj;  // the default up_proj (the cp.async _wsp one spills, see above)
-    t.swap = true;
-    specs.push_back({f, l, t, "sm_90a"});
+  for (KernelFamily f : {KernelFamily::gate_up, KernelFamily::down_proj, KernelFamily::down_dgrad,
+                         KernelFamily::down_wgrad, KernelFamily::gate_up_wgrad, KernelFamily::gate_up_dgrad}) {
+    TileConfig t = f == KernelFamily::gate_up ? wgmma_tile(128, 128, 4, Mainloop::persistent) : wgmma_tile(128, 256, 4, Mainloop::warp_specialized);
+    t.tma_contiguous = f == KernelFamily::gate_up;  // the default gate_up (the cp.async _persist one spills, see above)
+    t.alt_order = true;
+    specs.push_back({f, l, t, Arch::sm_90a});
     REQUIRE_MESSAGE(legality_problem(specs.back()).empty(), legality_problem(specs.back()));
   }
   const auto built = compile_all(specs, 0, true);
@@ -573,43 +573,43 @@ TEST_CASE("generator: swapped tile orders compile for every expert GEMM and roun
 
 TEST_CASE("generator: ping-pong tiles compile for every expert GEMM of every suite shape, order their mainloops with named barriers") {
   auto tma = [](TileConfig t, bool store = false) {
-    t.tma = true;
+    t.tma_contiguous = true;
     t.tma_store = store;
     return t;
   };
   const TileConfig p128 = tma(pingpong_tile(128, 128, 6));
-  CHECK(p128.to_string() == "128x128x64_w4x1_s6_pp_tma");
-  CHECK(TileConfig::parse("128x128x64_w4x1_s6_pp_tma") == p128);
+  CHECK(p128.to_string() == "128x128x64_w4x1_s6_pingpong_tmacontig");
+  CHECK(TileConfig::parse("128x128x64_w4x1_s6_pingpong_tmacontig") == p128);
   CHECK(p128.pingpong());
   CHECK(p128.persistent());
   CHECK(p128.threads() == 384);  // two consumer warpgroups and the producer
   const TileConfig store = tma(pingpong_tile(128, 128, 4), true);
   CHECK(store.smem_bytes(1) == 4 * 32 * 1024 + 2 * 32 * 1024 + 1024);  // a staging buffer per consumer group
   const LayerConfig q = find_preset("qwen3-30b-a3b").layer;
-  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, q, tma(pingpong_tile(256, 128, 3)), "sm_90a"})
+  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, q, tma(pingpong_tile(256, 128, 3)), Arch::sm_90a})
             .find("ping-pong tiles have bm 64 or 128") != std::string::npos);
   TileConfig wide_warps = p128;
   wide_warps.warps_m = 8;
-  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, q, wide_warps, "sm_90a"}).find("4 x 1 warps") !=
+  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, q, wide_warps, Arch::sm_90a}).find("4 x 1 warps") !=
         std::string::npos);
-  CHECK(legality_problem(KernelSpec{KernelFamily::router_logits, q, pingpong_tile(128, 64, 4), "sm_90a"})
+  CHECK(legality_problem(KernelSpec{KernelFamily::router_logits, q, pingpong_tile(128, 64, 4), Arch::sm_90a})
             .find("expert GEMMs") != std::string::npos);
   // 128x256 a warpgroup would hold 256 accumulators a thread.
-  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, q, tma(pingpong_tile(128, 256, 4)), "sm_90a"})
+  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, q, tma(pingpong_tile(128, 256, 4)), Arch::sm_90a})
             .find("accumulator registers") != std::string::npos);
   for (const Preset& p : presets()) {
     if (!p.in_suite) continue;
     SUBCASE(p.name.c_str()) {
       std::vector<KernelSpec> specs;
-      for (KernelFamily f : {KernelFamily::up_proj, KernelFamily::down_proj, KernelFamily::down_dgrad,
-                             KernelFamily::up_dgrad, KernelFamily::up_wgrad, KernelFamily::down_wgrad}) {
+      for (KernelFamily f : {KernelFamily::gate_up, KernelFamily::down_proj, KernelFamily::down_dgrad,
+                             KernelFamily::gate_up_dgrad, KernelFamily::gate_up_wgrad, KernelFamily::down_wgrad}) {
         const int nb = stacked_b_tiles(f, p.layer.activation);
-        const bool wgrad = f == KernelFamily::up_wgrad || f == KernelFamily::down_wgrad;
+        const bool wgrad = f == KernelFamily::gate_up_wgrad || f == KernelFamily::down_wgrad;
         // 128 rows a warpgroup (two m64 slabs; the gated up-projection's fused W1|W3
         // instruction split over two accumulator arrays) and 64 rows with 256 columns.
-        specs.push_back({f, p.layer, wgrad ? store : tma(pingpong_tile(128, 128 / nb, 6)), "sm_90a"});
-        if (f == KernelFamily::up_proj || f == KernelFamily::down_proj)
-          specs.push_back({f, p.layer, tma(pingpong_tile(64, 256 / nb, 5)), "sm_90a"});
+        specs.push_back({f, p.layer, wgrad ? store : tma(pingpong_tile(128, 128 / nb, 6)), Arch::sm_90a});
+        if (f == KernelFamily::gate_up || f == KernelFamily::down_proj)
+          specs.push_back({f, p.layer, tma(pingpong_tile(64, 256 / nb, 5)), Arch::sm_90a});
       }
       for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), s.tile.to_string(), legality_problem(s));
       const auto built = compile_all(specs, 0, true);
@@ -630,36 +630,36 @@ TEST_CASE("generator: ping-pong tiles compile for every expert GEMM of every sui
   }
 }
 
-TEST_CASE("generator: cluster pairs (_c2) compile for the slot-tiled expert GEMMs of every suite shape and multicast their weight stages") {
+TEST_CASE("generator: cluster pairs (_cluster2x1) compile for the slot-tiled expert GEMMs of every suite shape and multicast their weight stages") {
   auto pair = [](TileConfig t) {
-    t.tma = true;
+    t.tma_contiguous = true;
     t.cluster_m = 2;
     return t;
   };
-  const TileConfig coop = pair(wgmma_tile(128, 256, 4, true, true));
-  CHECK(coop.to_string() == "128x256x64_w8x1_s4_wsp_tma_c2");
-  CHECK(TileConfig::parse("128x256x64_w8x1_s4_wsp_tma_c2") == coop);
-  CHECK(TileConfig::parse("64x256x64_w4x1_s5_pp_tma_c2") == pair(pingpong_tile(64, 256, 5)));
+  const TileConfig coop = pair(wgmma_tile(128, 256, 4, Mainloop::persistent));
+  CHECK(coop.to_string() == "128x256x64_w8x1_s4_persist_tmacontig_cluster2x1");
+  CHECK(TileConfig::parse("128x256x64_w8x1_s4_persist_tmacontig_cluster2x1") == coop);
+  CHECK(TileConfig::parse("64x256x64_w4x1_s5_pingpong_tmacontig_cluster2x1") == pair(pingpong_tile(64, 256, 5)));
   const LayerConfig q = find_preset("qwen3-30b-a3b").layer;
-  CHECK(KernelSpec{KernelFamily::down_proj, q, coop, "sm_90a"}.cluster_size() == 2);
-  CHECK(KernelSpec{KernelFamily::gate_grad, q, coop, "sm_90a"}.cluster_size() == 1);  // down_dgrad's tile, no GEMM
-  for (KernelFamily f : {KernelFamily::up_wgrad, KernelFamily::down_wgrad})
-    CHECK(legality_problem(KernelSpec{f, q, coop, "sm_90a"}).find("not the weight gradients") != std::string::npos);
-  TileConfig one = wgmma_tile(128, 256, 4, true);
-  one.tma = true;
+  CHECK(KernelSpec{KernelFamily::down_proj, q, coop, Arch::sm_90a}.cluster_size() == 2);
+  CHECK(KernelSpec{KernelFamily::gate_grad, q, coop, Arch::sm_90a}.cluster_size() == 1);  // down_dgrad's tile, no GEMM
+  for (KernelFamily f : {KernelFamily::gate_up_wgrad, KernelFamily::down_wgrad})
+    CHECK(legality_problem(KernelSpec{f, q, coop, Arch::sm_90a}).find("not the weight gradients") != std::string::npos);
+  TileConfig one = wgmma_tile(128, 256, 4, Mainloop::warp_specialized);
+  one.tma_contiguous = true;
   one.cluster_m = 2;
-  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, q, one, "sm_90a"}).find("persistent TMA") != std::string::npos);
-  CHECK(legality_problem(KernelSpec{KernelFamily::up_dgrad, q, pair(wgmma_tile(128, 192, 4, true, true)), "sm_90a"})
+  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, q, one, Arch::sm_90a}).find("persistent TMA") != std::string::npos);
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up_dgrad, q, pair(wgmma_tile(128, 192, 4, Mainloop::persistent)), Arch::sm_90a})
             .find("multiple of 128") != std::string::npos);
   for (const Preset& p : presets()) {
     if (!p.in_suite) continue;
     SUBCASE(p.name.c_str()) {
       std::vector<KernelSpec> specs;
-      for (KernelFamily f : {KernelFamily::up_proj, KernelFamily::down_proj, KernelFamily::down_dgrad,
-                             KernelFamily::up_dgrad}) {
+      for (KernelFamily f : {KernelFamily::gate_up, KernelFamily::down_proj, KernelFamily::down_dgrad,
+                             KernelFamily::gate_up_dgrad}) {
         const int nb = stacked_b_tiles(f, p.layer.activation);
-        specs.push_back({f, p.layer, pair(wgmma_tile(128, 256 / nb, 4, true, true)), "sm_90a"});
-        if (f != KernelFamily::down_dgrad) specs.push_back({f, p.layer, pair(pingpong_tile(64, 256 / nb, 5)), "sm_90a"});
+        specs.push_back({f, p.layer, pair(wgmma_tile(128, 256 / nb, 4, Mainloop::persistent)), Arch::sm_90a});
+        if (f != KernelFamily::down_dgrad) specs.push_back({f, p.layer, pair(pingpong_tile(64, 256 / nb, 5)), Arch::sm_90a});
       }
       for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), s.tile.to_string(), legality_problem(s));
       const auto built = compile_all(specs, 0, true);

@@ -63,10 +63,10 @@ TEST_CASE("gate_grad follows down_dgrad's tile: defaults, forced tiles, and kern
   l.shape = {8, 2, 256, 128};
   CHECK(tile_follows(KernelFamily::gate_grad) == KernelFamily::down_dgrad);
   CHECK_FALSE(tile_follows(KernelFamily::down_dgrad).has_value());
-  for (const char* arch : {"sm_90a", "sm_80"})
+  for (Arch arch : {Arch::sm_90a, parse_arch("sm_80")})
     CHECK(default_tile(KernelFamily::gate_grad, l, arch) == default_tile(KernelFamily::down_dgrad, l, arch));
-  std::vector<KernelSpec> specs = layer_kernel_specs(l, "sm_90a");
-  const TileConfig forced = wgmma_tile(128, 128, 4, true, true);
+  std::vector<KernelSpec> specs = layer_kernel_specs(l, Arch::sm_90a);
+  const TileConfig forced = wgmma_tile(128, 128, 4, Mainloop::persistent);
   for (auto& s : specs)
     if (s.family == KernelFamily::down_dgrad) s.tile = forced;
   tie_following_tiles(specs);
@@ -116,7 +116,7 @@ TEST_CASE("build_kernels: a failing spec is recorded and the others are built, c
     LayerConfig l;
     l.shape = {8, 2, 128, 128};
     std::vector<KernelSpec> specs;
-    for (const auto& s : layer_kernel_specs(l, "sm_90a"))
+    for (const auto& s : layer_kernel_specs(l, Arch::sm_90a))
       if (s.family == KernelFamily::combine || s.family == KernelFamily::down_proj) specs.push_back(s);
     KernelSpec bad = specs.back();
     bad.family = KernelFamily::down_proj;

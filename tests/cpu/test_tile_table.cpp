@@ -23,7 +23,7 @@ void check_rows(const std::vector<tables::TableRow>& rows, std::set<std::string>
     // The kind changes at least one family (the defaults kind none).
     CHECK(row.kind.tiles(o.layer, o.tokens).empty() == (row.kind.name == "defaults"));
     // The specs the runtime builds for this row: every tiled family forced, followers tied.
-    std::vector<KernelSpec> specs = layer_kernel_specs(o.layer, "sm_90a", o.tokens);
+    std::vector<KernelSpec> specs = layer_kernel_specs(o.layer, Arch::sm_90a, o.tokens);
     for (KernelSpec& s : specs) {
       if (!is_tiled(s.family)) continue;
       REQUIRE(o.force.count(s.family) == 1);

@@ -54,22 +54,22 @@ TEST_CASE("tuner: tile configs print and parse") {
   CHECK(TileConfig::parse(t.to_string()) == t);
   CHECK_THROWS_AS(TileConfig::parse("128x128"), InvalidArgument);
   CHECK_THROWS_AS(TileConfig::parse("128x128x64_w2x4_s4junk"), InvalidArgument);
-  CHECK(parse_family("up_proj") == KernelFamily::up_proj);
+  CHECK(parse_family("gate_up") == KernelFamily::gate_up);
   CHECK_THROWS_AS(parse_family("up"), InvalidArgument);
 }
 
 TEST_CASE("tuner: candidates are legal, unique, default first") {
   const LayerConfig l = find_preset("qwen3-30b-a3b").layer;
   for (KernelFamily f : tunable_families(l)) {
-    const auto c = tile_candidates(f, l, "sm_90a", 12);
+    const auto c = tile_candidates(f, l, Arch::sm_90a, 12);
     REQUIRE(!c.empty());
-    CHECK(c.front() == default_tile(f, l, "sm_90a"));
+    CHECK(c.front() == default_tile(f, l, Arch::sm_90a));
     CHECK(c.size() <= 12);
     CHECK(c.size() >= 4);
     std::set<std::string> seen;
     for (const auto& t : c) {
       CHECK(seen.insert(t.to_string()).second);
-      CHECK(legality_problem(KernelSpec{f, l, t, "sm_90a"}).empty());
+      CHECK(legality_problem(KernelSpec{f, l, t, Arch::sm_90a}).empty());
     }
   }
   CHECK(tunable_families(l).size() == 9);  // 6 expert GEMMs + 3 router GEMMs
@@ -79,19 +79,19 @@ TEST_CASE("tuner: the first candidates span the tile kinds; persistent tiles onl
   const LayerConfig l = find_preset("mixtral-8x7b").layer;
   for (KernelFamily f : tunable_families(l)) {
     INFO(to_string(f));
-    const auto c = tile_candidates(f, l, "sm_90a", 7);  // a short tune (--candidates 7)
-    bool wg = false, ws = false, wsp = false, tma = false, swap = false;
+    const auto c = tile_candidates(f, l, Arch::sm_90a, 7);  // a short tune (--candidates 7)
+    bool multistage = false, ws = false, persistent = false, tma = false, alt_order = false;
     for (const auto& t : c) {
-      wg |= t.wgmma == 1;
-      ws |= t.wgmma == 2;
-      wsp |= t.persistent();
-      tma |= t.tma;
-      swap |= t.swap;
+      multistage |= t.mainloop == Mainloop::wgmma_multistage;
+      ws |= t.mainloop == Mainloop::warp_specialized;
+      persistent |= t.persistent();
+      tma |= t.tma_contiguous;
+      alt_order |= t.alt_order;
     }
-    CHECK(swap == supports_persistent(f));  // the schedule order: expert GEMMs
-    CHECK(wg);
+    CHECK(alt_order == supports_persistent(f));  // the schedule order: expert GEMMs
+    CHECK(multistage);
     CHECK(ws);
-    CHECK(wsp == supports_persistent(f));
+    CHECK(persistent == supports_persistent(f));
     CHECK(tma == supports_persistent(f));  // TMA tiles for every expert GEMM
   }
 }
@@ -148,7 +148,7 @@ TEST_CASE("tuner: binaries come from the cache after the first build; any key ch
   KernelCache cache((dir.path / "k.db").string());
   const LayerConfig l = small_layer();
   std::vector<KernelSpec> specs;
-  for (const auto& s : layer_kernel_specs(l, "sm_90a"))
+  for (const auto& s : layer_kernel_specs(l, Arch::sm_90a))
     if (s.family == KernelFamily::down_proj || s.family == KernelFamily::combine) specs.push_back(s);
   LoadReport first, second;
   const auto a = build_with_cache(specs, &cache, &first);
@@ -171,9 +171,9 @@ TEST_CASE("tuner: binaries come from the cache after the first build; any key ch
   KernelSpec s2 = specs[0];
   s2.layer.shape.hidden = 136;
   CHECK(binary_key(g1, CompileOptions{}) != binary_key(generate(s2), CompileOptions{}));
-  CHECK(binary_key(g1, CompileOptions{"sm_90a", {}}) != binary_key(g1, CompileOptions{"sm_90a", {"-G"}}));
+  CHECK(binary_key(g1, CompileOptions{Arch::sm_90a, {}}) != binary_key(g1, CompileOptions{Arch::sm_90a, {"-G"}}));
   // Another architecture or NVRTC version is another key: a binary cached for them is a miss.
-  CHECK(binary_key(g1, CompileOptions{"sm_90a", {}}) != binary_key(g1, CompileOptions{"sm_80", {}}));
+  CHECK(binary_key(g1, CompileOptions{Arch::sm_90a, {}}) != binary_key(g1, CompileOptions{parse_arch("sm_80"), {}}));
   const std::string ours = binary_key(g1, CompileOptions{});
   CHECK(ours.find("nvrtc=" + nvrtc_version()) != std::string::npos);
   std::string other_nvrtc = ours.substr(0, ours.find("nvrtc=")) + "nvrtc=12.9";
@@ -211,7 +211,7 @@ TEST_CASE("tuner: baselines round-trip and regressions are judged beyond the noi
   b.layer = find_preset("qwen3-30b-a3b").layer;
   b.tokens = 32768;
   b.device = "NVIDIA H200";
-  b.kernels = {{"up_proj", "128x128x64_w2x4_s3", 2.0, 0.02}, {"combine", "-", 0.5, 0.01}};
+  b.kernels = {{"gate_up", "128x128x64_w2x4_s3", 2.0, 0.02}, {"combine", "-", 0.5, 0.01}};
   const std::string path = (dir.path / "b.json").string();
   write_baseline(b, path);
   const Baseline r = read_baseline(path);
@@ -250,46 +250,46 @@ TEST_CASE("tuner: the runtime's hash is standard FNV-1a 64 and agrees with the c
 
 TEST_CASE("tuner: 192-column tiles where the output is a multiple of 192 but not of 256") {
   const LayerConfig gpt = find_preset("gpt-oss-20b").layer;  // d = n = 2880
-  // The all-TMA GEMMs take 192 by default (measured faster on the H200), up_wgrad keeps 256 and
+  // The all-TMA GEMMs take 192 by default (measured faster on the H200), gate_up_wgrad keeps 256 and
   // has the 192-wide tile as a candidate.
-  for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::up_dgrad}) {
+  for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::gate_up_dgrad}) {
     INFO(to_string(f));
     CHECK(fits_192_better(f, gpt));
-    const TileConfig def = default_tile(f, gpt, "sm_90a");
+    const TileConfig def = default_tile(f, gpt, Arch::sm_90a);
     CHECK(def.bn == 192);
-    CHECK(legality_problem(KernelSpec{f, gpt, def, "sm_90a"}).empty());
+    CHECK(legality_problem(KernelSpec{f, gpt, def, Arch::sm_90a}).empty());
   }
-  const auto c = tile_candidates(KernelFamily::up_wgrad, gpt, "sm_90a", 8);
-  TileConfig narrow = default_tile(KernelFamily::up_wgrad, gpt, "sm_90a");
+  const auto c = tile_candidates(KernelFamily::gate_up_wgrad, gpt, Arch::sm_90a, 8);
+  TileConfig narrow = default_tile(KernelFamily::gate_up_wgrad, gpt, Arch::sm_90a);
   REQUIRE(narrow.bn == 256);
   narrow.bn = 192;
   CHECK(std::find(c.begin(), c.end(), narrow) != c.end());
   for (const char* p : {"mixtral-8x7b", "olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-v3", "qwen3-next-80b"})
-    for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::up_dgrad}) {
+    for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::gate_up_dgrad}) {
       INFO(p << " " << to_string(f));
-      CHECK(default_tile(f, find_preset(p).layer, "sm_90a").bn == 256);
+      CHECK(default_tile(f, find_preset(p).layer, Arch::sm_90a).bn == 256);
     }
-  for (const auto& t : tile_candidates(KernelFamily::down_wgrad, gpt, "sm_90a", 8)) CHECK(t.bn != 192);  // chunked dW2
+  for (const auto& t : tile_candidates(KernelFamily::down_wgrad, gpt, Arch::sm_90a, 8)) CHECK(t.bn != 192);  // chunked dW2
   const LayerConfig mixtral = find_preset("mixtral-8x7b").layer;  // 4096 and 14336: multiples of 256
-  for (const auto& t : tile_candidates(KernelFamily::down_proj, mixtral, "sm_90a", 8)) CHECK(t.bn != 192);
+  for (const auto& t : tile_candidates(KernelFamily::down_proj, mixtral, Arch::sm_90a, 8)) CHECK(t.bn != 192);
 }
 
 TEST_CASE("tuner: the weight gradients default to the TMA-store epilogue where experts are many per pick") {
-  for (KernelFamily f : {KernelFamily::up_wgrad, KernelFamily::down_wgrad}) {
+  for (KernelFamily f : {KernelFamily::gate_up_wgrad, KernelFamily::down_wgrad}) {
     INFO(to_string(f));
     // E / K >= 8: few slots per expert, short reductions per tile (deepseek-v3, qwen3, gpt-oss)
     for (const char* p : {"deepseek-v3", "qwen3-30b-a3b", "qwen3-next-80b", "gpt-oss-20b", "olmoe-1b-7b"}) {
-      const TileConfig t = default_tile(f, find_preset(p).layer, "sm_90a");
-      CHECK_MESSAGE(t.to_string() == "128x256x64_w8x1_s3_wsp_tma_tstore", p);
+      const TileConfig t = default_tile(f, find_preset(p).layer, Arch::sm_90a);
+      CHECK_MESSAGE(t.to_string() == "128x256x64_w8x1_s3_persist_tmacontig_tmastore", p);
     }
     // mixtral-8x7b (E / K = 4): long reductions, where the fourth stage measured faster
-    CHECK(default_tile(f, find_preset("mixtral-8x7b").layer, "sm_90a").to_string() == "128x256x64_w8x1_s4_wsp_tma");
+    CHECK(default_tile(f, find_preset("mixtral-8x7b").layer, Arch::sm_90a).to_string() == "128x256x64_w8x1_s4_persist_tmacontig");
     // and both kinds stay candidates for the tuner
     for (const char* p : {"deepseek-v3", "mixtral-8x7b"}) {
       std::set<std::string> names;
-      for (const auto& t : tile_candidates(f, find_preset(p).layer, "sm_90a", 8)) names.insert(t.to_string());
-      CHECK_MESSAGE(names.count("128x256x64_w8x1_s3_wsp_tma_tstore") == 1, p);
-      CHECK_MESSAGE(names.count("128x256x64_w8x1_s4_wsp_tma") == 1, p);
+      for (const auto& t : tile_candidates(f, find_preset(p).layer, Arch::sm_90a, 8)) names.insert(t.to_string());
+      CHECK_MESSAGE(names.count("128x256x64_w8x1_s3_persist_tmacontig_tmastore") == 1, p);
+      CHECK_MESSAGE(names.count("128x256x64_w8x1_s4_persist_tmacontig") == 1, p);
     }
   }
 }
@@ -303,35 +303,35 @@ TEST_CASE("tuner: with the step's tokens known, the weight gradients' default fo
   CHECK(few_slots_per_expert(mixtral, 8192));       // 2048
   CHECK_FALSE(few_slots_per_expert(mixtral, 0));    // unknown T: E / K = 4
   CHECK(few_slots_per_expert(olmoe, 0));            // unknown T: E / K = 8
-  for (KernelFamily f : {KernelFamily::up_wgrad, KernelFamily::down_wgrad}) {
+  for (KernelFamily f : {KernelFamily::gate_up_wgrad, KernelFamily::down_wgrad}) {
     INFO(to_string(f));
-    CHECK(default_tile(f, olmoe, "sm_90a", 32768).to_string() == "128x256x64_w8x1_s4_wsp_tma");
-    CHECK(default_tile(f, olmoe, "sm_90a", 4096).to_string() == "128x256x64_w8x1_s3_wsp_tma_tstore");
-    CHECK(default_tile(f, mixtral, "sm_90a", 2048).to_string() == "128x256x64_w8x1_s3_wsp_tma_tstore");
+    CHECK(default_tile(f, olmoe, Arch::sm_90a, 32768).to_string() == "128x256x64_w8x1_s4_persist_tmacontig");
+    CHECK(default_tile(f, olmoe, Arch::sm_90a, 4096).to_string() == "128x256x64_w8x1_s3_persist_tmacontig_tmastore");
+    CHECK(default_tile(f, mixtral, Arch::sm_90a, 2048).to_string() == "128x256x64_w8x1_s3_persist_tmacontig_tmastore");
     // the other families do not depend on T
-    for (KernelFamily g : {KernelFamily::up_proj, KernelFamily::down_proj, KernelFamily::down_dgrad})
-      CHECK(default_tile(g, olmoe, "sm_90a", 32768) == default_tile(g, olmoe, "sm_90a"));
+    for (KernelFamily g : {KernelFamily::gate_up, KernelFamily::down_proj, KernelFamily::down_dgrad})
+      CHECK(default_tile(g, olmoe, Arch::sm_90a, 32768) == default_tile(g, olmoe, Arch::sm_90a));
   }
   // the runtime's specs take the same hint
-  for (const auto& s : layer_kernel_specs(olmoe, "sm_90a", 32768))
-    if (s.family == KernelFamily::up_wgrad) CHECK_FALSE(s.tile.tma_store);
+  for (const auto& s : layer_kernel_specs(olmoe, Arch::sm_90a, 32768))
+    if (s.family == KernelFamily::gate_up_wgrad) CHECK_FALSE(s.tile.tma_store);
 }
 
 TEST_CASE("tuner: down_dgrad defaults to the persistent 128x256 tile where its reduction (d) is long") {
   // d = 4096, 2880, 7168, 2048, 2048, 2048
   for (const char* p : {"mixtral-8x7b", "gpt-oss-20b", "deepseek-v3", "qwen3-30b-a3b", "olmoe-1b-7b", "qwen3-next-80b"})
-    CHECK_MESSAGE(default_tile(KernelFamily::down_dgrad, find_preset(p).layer, "sm_90a").to_string() ==
-                      "128x256x64_w8x1_s4_wsp_tma",
+    CHECK_MESSAGE(default_tile(KernelFamily::down_dgrad, find_preset(p).layer, Arch::sm_90a).to_string() ==
+                      "128x256x64_w8x1_s4_persist_tmacontig",
                   p);
   // a short reduction (d = 1024: 16 k-steps) keeps the two-blocks-per-SM tile
   LayerConfig short_d = find_preset("qwen3-30b-a3b").layer;
   short_d.shape.hidden = 1024;
-  CHECK(default_tile(KernelFamily::down_dgrad, short_d, "sm_90a").to_string() == "128x128x64_w8x1_s3_wg");
+  CHECK(default_tile(KernelFamily::down_dgrad, short_d, Arch::sm_90a).to_string() == "128x128x64_w8x1_s3_wgmma");
   // d not a multiple of 64 cannot take W2 by TMA: the two-blocks-per-SM tile
   LayerConfig l = find_preset("mixtral-8x7b").layer;
   l.shape.hidden = 4104;
-  CHECK(default_tile(KernelFamily::down_dgrad, l, "sm_90a").to_string() == "128x128x64_w8x1_s3_wg");
+  CHECK(default_tile(KernelFamily::down_dgrad, l, Arch::sm_90a).to_string() == "128x128x64_w8x1_s3_wgmma");
   // gate_grad sums down_dgrad's column tiles: same tile
   const LayerConfig gpt = find_preset("gpt-oss-20b").layer;
-  CHECK(default_tile(KernelFamily::gate_grad, gpt, "sm_90a") == default_tile(KernelFamily::down_dgrad, gpt, "sm_90a"));
+  CHECK(default_tile(KernelFamily::gate_grad, gpt, Arch::sm_90a) == default_tile(KernelFamily::down_dgrad, gpt, Arch::sm_90a));
 }

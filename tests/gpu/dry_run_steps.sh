@@ -26,7 +26,7 @@ done
 SUITE="mixtral-8x7b gpt-oss-20b olmoe-1b-7b qwen3-30b-a3b deepseek-v3 qwen3-next-80b"
 rc=0
 MOEBLAZE_DEV_OUT=$OUT MOEBLAZE_DEV_BUILD=$BUILD MOEBLAZE_DEV_PRESETS="$SUITE" MOEBLAZE_DEV_KIND_PRESETS="$SUITE" \
-  MOEBLAZE_DEV_TILES="gpt-oss-20b:down_dgrad=128x128x64_w8x1_s3_wg" \
+  MOEBLAZE_DEV_TILES="gpt-oss-20b:down_dgrad=128x128x64_w8x1_s3_wgmma" \
   $TOOL --dry-run all > "$OUT/stdout.txt" 2>&1 || rc=$?
 checked=$(grep -c 'rc=0' "$OUT/summary.txt" || true)
 failed=$(grep -E 'rc=[1-9]' "$OUT/summary.txt" || true)

@@ -13,7 +13,7 @@ constexpr const char* kUsage = R"(moeblaze_gpu_tests: the layer on a GPU against
   gpu table: full sweep  each kind's other small shapes, both checkpoint modes, the suite presets
                          per kind and the mma.sync tiles; runs with MOEBLAZE_GPU_SWEEP=1 or
                          --no-skip (ctest --test-dir build -L sweep)
-Rows are subcases named "kind / shape / mode": -tc="gpu table*" -sc="*tstore*" runs one kind,
+Rows are subcases named "kind / shape / mode": -tc="gpu table*" -sc="*tmastore*" runs one kind,
 -sc="*deepseek-v3*" one shape. Kernels are compiled into the cache MOEBLAZE_CACHE names (a
 second run compiles nothing). Exit code 77 without a GPU. doctest's own options follow.
 )";

@@ -8,7 +8,7 @@
 //   ctest --test-dir build -L sweep             the full sweep: each kind's other small shapes,
 //                                               both checkpoint modes, the suite presets per kind,
 //                                               the mma.sync tiles
-//   build/bin/moeblaze_gpu_tests -tc="gpu table*" -sc="*tstore*"   one kind (doctest filters on
+//   build/bin/moeblaze_gpu_tests -tc="gpu table*" -sc="*tmastore*"   one kind (doctest filters on
 //                                               the row name "kind / shape / mode")
 //   MOEBLAZE_GPU_SWEEP=1 build/bin/moeblaze_gpu_tests   the full sweep too (as --no-skip does)
 // Kernels are compiled into the cache MOEBLAZE_CACHE names (default ~/.cache/moeblaze/kernels.db),

@@ -11,7 +11,7 @@ int main(int argc, char** argv) {
   using namespace moeblaze;
   try {
     const Preset& p = find_preset(argc > 1 ? argv[1] : "qwen3-30b-a3b");
-    const int dgrad_bn = default_tile(KernelFamily::down_dgrad, p.layer, "sm_90a").bn;
+    const int dgrad_bn = default_tile(KernelFamily::down_dgrad, p.layer, Arch::sm_90a).bn;
     const MemoryPlan plan = plan_memory(p.layer, p.tokens, CheckpointMode::save_h, dgrad_bn);
     std::printf("layer %s\n", p.layer.describe().c_str());
     std::printf("saved_bytes %zu\n", plan.saved_bytes);

@@ -47,7 +47,7 @@ const TableShape kRaggedTma = small({60, 4, 192, 256}, 777, Activation::geglu);
 const TableShape kChunked = small({8, 2, 128, 1000}, 1000);
 const TableShape kChunkedSkewed = small({8, 2, 128, 1000}, 1000, Activation::swiglu, RoutingDistribution::skewed);
 const TableShape kChunkedGelu = small({6, 2, 192, 520}, 777, Activation::gelu);
-// TMA-store boxes: partial column boxes (d = 200), and up_wgrad tiles straddling dW1 | dW3 (n = 200).
+// TMA-store boxes: partial column boxes (d = 200), and gate_up_wgrad tiles straddling dW1 | dW3 (n = 200).
 const TableShape kStoreCols = small({60, 4, 200, 256}, 777);
 const TableShape kStoreStraddle = small({60, 4, 200, 200}, 777, Activation::geglu);
 // 192-wide tiles: exact, ragged and skewed columns.
@@ -72,14 +72,14 @@ TileKind forced(std::string name, std::string what, std::vector<std::string> pai
   return k;
 }
 
-// Every GEMM family on one wgmma pipeline: "_wg" (shared cp.async pipeline), "_ws"
-// (warp-specialised) or "_wsp" (persistent; the router GEMMs, one tile per block, run "_ws").
+// Every GEMM family on one wgmma mainloop: "_wgmma" (shared cp.async pipeline), "_ws"
+// (warp-specialised) or "_persist" (the router GEMMs, one tile per block, run "_ws").
 TileKind wgmma_kind(const std::string& suffix) {
-  const std::string router = suffix == "_wsp" ? "_ws" : suffix;
-  const std::string wide = suffix == "_wsp" ? "256" : "128";
-  std::vector<std::string> pairs = {"up_proj=128x128x64_w8x1_s3" + suffix, "down_proj=128x256x64_w8x1_s3" + suffix,
+  const std::string router = suffix == "_persist" ? "_ws" : suffix;
+  const std::string wide = suffix == "_persist" ? "256" : "128";
+  std::vector<std::string> pairs = {"gate_up=128x128x64_w8x1_s3" + suffix, "down_proj=128x256x64_w8x1_s3" + suffix,
                                     "router_logits=128x64x64_w8x1_s4" + router};
-  for (const char* f : {"down_dgrad", "down_wgrad", "up_wgrad", "up_dgrad"})
+  for (const char* f : {"down_dgrad", "down_wgrad", "gate_up_wgrad", "gate_up_dgrad"})
     pairs.push_back(fmt::format("{}=128x{}x64_w8x1_s4{}", f, wide, suffix));
   for (const char* f : {"router_dgrad", "router_wgrad"}) pairs.push_back(fmt::format("{}=128x128x64_w8x1_s4{}", f, router));
   return forced(suffix.substr(1), "every GEMM family on " + suffix + " tiles", pairs);
@@ -88,7 +88,7 @@ TileKind wgmma_kind(const std::string& suffix) {
 // A rule over the default tiles of every tiled family the layer has: `change` turns a
 // family's default into the kind's tile, or returns false to leave the family out. Tiles the
 // layer cannot take are left out too (the kind then covers the families it can).
-TileKind from_defaults(std::string name, std::string what, const std::string& arch,
+TileKind from_defaults(std::string name, std::string what, Arch arch,
                        std::function<bool(KernelFamily, const LayerConfig&, TileConfig&)> change) {
   TileKind k{std::move(name), std::move(what), {}};
   k.tiles = [arch, change](const LayerConfig& layer, int64_t T) {
@@ -96,7 +96,7 @@ TileKind from_defaults(std::string name, std::string what, const std::string& ar
     for (const KernelSpec& s : layer_kernel_specs(layer, arch, T)) {
       if (!is_tiled(s.family)) continue;
       TileConfig t = s.tile;
-      if (change(s.family, layer, t) && legality_problem(KernelSpec{s.family, layer, t, "sm_90a"}).empty())
+      if (change(s.family, layer, t) && legality_problem(KernelSpec{s.family, layer, t, Arch::sm_90a}).empty())
         out[s.family] = t;
     }
     return out;
@@ -105,16 +105,16 @@ TileKind from_defaults(std::string name, std::string what, const std::string& ar
 }
 
 // The expert GEMMs on one ping-pong tile (two consumer warpgroups on alternate tiles), TMA for
-// the operands that are not gathered; bn counts W1 and W3 together for the gated up_proj.
-TileKind pingpong_kind(std::string name, std::string what, int bm, int bn, int stages, bool tstore, int cluster) {
-  return from_defaults(std::move(name), std::move(what), "sm_90a",
+// the operands that are not gathered; bn counts W1 and W3 together for the gated gate_up.
+TileKind pingpong_kind(std::string name, std::string what, int bm, int bn, int stages, bool tma_store, int cluster) {
+  return from_defaults(std::move(name), std::move(what), Arch::sm_90a,
                        [=](KernelFamily f, const LayerConfig& l, TileConfig& t) {
                          if (!supports_persistent(f)) return false;
-                         const bool wgrad = f == KernelFamily::up_wgrad || f == KernelFamily::down_wgrad;
-                         if (tstore && !wgrad) return false;
+                         const bool wgrad = f == KernelFamily::gate_up_wgrad || f == KernelFamily::down_wgrad;
+                         if (tma_store && !wgrad) return false;
                          t = pingpong_tile(bm, bn / stacked_b_tiles(f, l.activation), stages);
-                         t.tma = true;
-                         t.tma_store = tstore;
+                         t.tma_contiguous = true;
+                         t.tma_store = tma_store;
                          t.cluster_m = cluster;
                          return true;
                        });
@@ -123,64 +123,64 @@ TileKind pingpong_kind(std::string name, std::string what, int bm, int bn, int s
 const TileKind kDefaults{"defaults", "the default tiles", [](const LayerConfig&, int64_t) {
                            return std::map<KernelFamily, TileConfig>{};
                          }};
-const TileKind kWg = wgmma_kind("_wg");
+const TileKind kWgmma = wgmma_kind("_wgmma");
 const TileKind kWs = wgmma_kind("_ws");
-const TileKind kWsp = wgmma_kind("_wsp");
+const TileKind kPersist = wgmma_kind("_persist");
 // Warp-specialised (or persistent) tiles with TMA loads for some families: FAMILY:WIDTH pairs.
 TileKind tma_kind(std::string name, const std::string& families, const std::vector<std::string>& family_widths,
                   bool persistent) {
   std::vector<std::string> pairs;
   for (const std::string& fw : family_widths) {
     const auto colon = fw.find(':');
-    pairs.push_back(fmt::format("{}=128x{}x64_w8x1_s4_{}_tma", fw.substr(0, colon), fw.substr(colon + 1),
-                                persistent ? "wsp" : "ws"));
+    pairs.push_back(fmt::format("{}=128x{}x64_w8x1_s4_{}_tmacontig", fw.substr(0, colon), fw.substr(colon + 1),
+                                persistent ? "persist" : "ws"));
   }
   return forced(std::move(name), families + (persistent ? ": persistent" : ": warp-specialised") + ", TMA loads", pairs);
 }
 
-const std::vector<std::string> kProjections = {"up_proj:128", "down_proj:256"};
-const std::vector<std::string> kWgrads = {"up_wgrad:256", "down_wgrad:256"};
-const std::vector<std::string> kDgrads = {"up_dgrad:256", "down_dgrad:256"};
-const TileKind kTma = tma_kind("tma", "up_proj, down_proj", kProjections, false);
-const TileKind kTmaP = tma_kind("tma-persistent", "up_proj, down_proj", kProjections, true);
-const TileKind kTmaWgrad = tma_kind("tma-wgrad", "up_wgrad (dH), down_wgrad (hg)", kWgrads, false);
-const TileKind kTmaWgradP = tma_kind("tma-wgrad-persistent", "up_wgrad, down_wgrad", kWgrads, true);
-const TileKind kTmaDgrad = tma_kind("tma-dgrad", "up_dgrad, down_dgrad", kDgrads, false);
-const TileKind kTmaDgradP = tma_kind("tma-dgrad-persistent", "up_dgrad, down_dgrad", kDgrads, true);
+const std::vector<std::string> kProjections = {"gate_up:128", "down_proj:256"};
+const std::vector<std::string> kWgrads = {"gate_up_wgrad:256", "down_wgrad:256"};
+const std::vector<std::string> kDgrads = {"gate_up_dgrad:256", "down_dgrad:256"};
+const TileKind kTma = tma_kind("tma", "gate_up, down_proj", kProjections, false);
+const TileKind kTmaP = tma_kind("tma-persistent", "gate_up, down_proj", kProjections, true);
+const TileKind kTmaWgrad = tma_kind("tma-wgrad", "gate_up_wgrad (dH), down_wgrad (hg)", kWgrads, false);
+const TileKind kTmaWgradP = tma_kind("tma-wgrad-persistent", "gate_up_wgrad, down_wgrad", kWgrads, true);
+const TileKind kTmaDgrad = tma_kind("tma-dgrad", "gate_up_dgrad, down_dgrad", kDgrads, false);
+const TileKind kTmaDgradP = tma_kind("tma-dgrad-persistent", "gate_up_dgrad, down_dgrad", kDgrads, true);
 const TileKind kDgradWs256 = forced("dgrad-ws256", "down_dgrad: warp-specialised 128x256, cp.async loads",
                                     {"down_dgrad=128x256x64_w8x1_s4_ws"});
-const TileKind k192Wide = forced("bn192", "192-wide tiles: down_proj, up_dgrad, up_wgrad",
-                                 {"down_proj=128x192x64_w8x1_s4_wsp_tma", "up_dgrad=128x192x64_w8x1_s4_ws_tma",
-                                  "up_wgrad=128x192x64_w8x1_s4_wsp_tma"});
-const TileKind kTstore = forced("tstore", "up_wgrad, down_wgrad: TMA-store epilogue, persistent 128x256",
-                                {"up_wgrad=128x256x64_w8x1_s3_wsp_tma_tstore",
-                                 "down_wgrad=128x256x64_w8x1_s3_wsp_tma_tstore"});
-const TileKind kTstoreMixed = forced("tstore-mixed", "TMA-store epilogue: 128x128 persistent, and cp.async loads",
-                                     {"up_wgrad=128x128x64_w8x1_s4_wsp_tma_tstore",
-                                      "down_wgrad=128x256x64_w8x1_s3_ws_tstore"});
+const TileKind k192Wide = forced("bn192", "192-wide tiles: down_proj, gate_up_dgrad, gate_up_wgrad",
+                                 {"down_proj=128x192x64_w8x1_s4_persist_tmacontig", "gate_up_dgrad=128x192x64_w8x1_s4_ws_tmacontig",
+                                  "gate_up_wgrad=128x192x64_w8x1_s4_persist_tmacontig"});
+const TileKind kTmaStore = forced("tmastore", "gate_up_wgrad, down_wgrad: TMA-store epilogue, persistent 128x256",
+                                {"gate_up_wgrad=128x256x64_w8x1_s3_persist_tmacontig_tmastore",
+                                 "down_wgrad=128x256x64_w8x1_s3_persist_tmacontig_tmastore"});
+const TileKind kTmaStoreMixed = forced("tmastore-mixed", "TMA-store epilogue: 128x128 persistent, and cp.async loads",
+                                     {"gate_up_wgrad=128x128x64_w8x1_s4_persist_tmacontig_tmastore",
+                                      "down_wgrad=128x256x64_w8x1_s3_ws_tmastore"});
 const TileKind kDgradWide = forced("dgrad-wide", "down_dgrad: persistent 128x256, TMA loads",
-                                   {"down_dgrad=128x256x64_w8x1_s4_wsp_tma"});
+                                   {"down_dgrad=128x256x64_w8x1_s4_persist_tmacontig"});
 const TileKind kDgrad128 = forced("dgrad-128", "down_dgrad: persistent 128x128, TMA loads",
-                                  {"down_dgrad=128x128x64_w8x1_s4_wsp_tma"});
-const TileKind kSwap = from_defaults("swap", "the default tiles of the expert GEMMs in the other tile order", "sm_90a",
-                                     [](KernelFamily f, const LayerConfig&, TileConfig& t) {
-                                       if (!supports_persistent(f) || !t.wgmma) return false;
-                                       t.swap = true;
-                                       return true;
-                                     });
-const TileKind kMmaSync = from_defaults("mma-sync", "every GEMM family on its mma.sync tile (the sm_80 path)", "sm_80",
-                                        [](KernelFamily, const LayerConfig&, TileConfig&) { return true; });
+                                  {"down_dgrad=128x128x64_w8x1_s4_persist_tmacontig"});
+const TileKind kAltOrder = from_defaults("altorder", "the default tiles of the expert GEMMs in the other tile order",
+                                         Arch::sm_90a, [](KernelFamily f, const LayerConfig&, TileConfig& t) {
+                                           if (!supports_persistent(f) || !t.wgmma()) return false;
+                                           t.alt_order = true;
+                                           return true;
+                                         });
+const TileKind kMmaSync = from_defaults("mma-sync", "every GEMM family on its mma.sync tile (the sm_80 path)",
+                                        parse_arch("sm_80"), [](KernelFamily, const LayerConfig&, TileConfig&) { return true; });
 const TileKind kPingpong = pingpong_kind("pingpong", "expert GEMMs: ping-pong 128x128, 6 stages, TMA loads", 128, 128,
                                          6, false, 1);
 const TileKind kPingpong64 = pingpong_kind("pingpong-64", "expert GEMMs: ping-pong 64x256, 5 stages, TMA loads", 64, 256,
                                            5, false, 1);
-const TileKind kPingpongTstore = pingpong_kind("pingpong-tstore", "weight gradients: ping-pong 128x128, TMA-store epilogue",
+const TileKind kPingpongTmaStore = pingpong_kind("pingpong-tmastore", "weight gradients: ping-pong 128x128, TMA-store epilogue",
                                                128, 128, 4, true, 1);
 const TileKind kClusterPair = from_defaults("cluster-pair", "slot-tiled GEMMs: the persistent TMA default as a cluster pair",
-                                            "sm_90a", [](KernelFamily f, const LayerConfig&, TileConfig& t) {
+                                            Arch::sm_90a, [](KernelFamily f, const LayerConfig&, TileConfig& t) {
                                               if (!supports_persistent(f) || !t.warp_specialized()) return false;
-                                              t.tma = true;
-                                              if (t.wgmma == 2) t.wgmma = 3;
+                                              t.tma_contiguous = true;
+                                              if (t.mainloop == Mainloop::warp_specialized) t.mainloop = Mainloop::persistent;
                                               t.cluster_m = 2;
                                               return true;
                                             });
@@ -202,9 +202,9 @@ std::vector<KindRows> table() {
                                           "qwen3-30b-a3b", "deepseek-v3", "qwen3-next-80b"};
   return {
       {kDefaults, {{kChunkedSkewed, kSaveH}, {kChunkedGelu, kRecompute}}, suite},
-      {kWg, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRagged, kRecompute}}, {"qwen3-30b-a3b"}},
+      {kWgmma, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRagged, kRecompute}}, {"qwen3-30b-a3b"}},
       {kWs, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRagged, kRecompute}}, {"qwen3-30b-a3b"}},
-      {kWsp, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRagged, kRecompute}}, {"qwen3-30b-a3b"}},
+      {kPersist, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRagged, kRecompute}}, {"qwen3-30b-a3b"}},
       {kTma, {{kSmall, kSaveH}, {kRagged, kRecompute}}, {"gpt-oss-20b", "mixtral-8x7b"}},
       {kTmaP, {{kSmall, kSaveH}, {kSkewedSilu, kSaveH}}, {"gpt-oss-20b", "mixtral-8x7b"}},
       {kTmaWgrad, {{kSmall, kSaveH}, {kRagged, kSaveH}}, {"qwen3-next-80b", "mixtral-8x7b"}},
@@ -213,20 +213,20 @@ std::vector<KindRows> table() {
       {kTmaDgradP, {{kSmall, kSaveH}, {kSkewedSilu, kSaveH}}, {}},
       {kDgradWs256, {{kSmall, kSaveH}, {kSkewedGelu, kSaveH}, {kChunked, kSaveH}}, {"mixtral-8x7b", "qwen3-next-80b"}},
       {k192Wide, {{k192, kSaveH}, {k192Ragged, kSaveH}, {k192Skewed, kSaveH}}, {"gpt-oss-20b"}},
-      {kTstore,
+      {kTmaStore,
        {{kSmall, kSaveH}, {kStoreCols, kSaveH}, {kStoreStraddle, kSaveH}, {kSkewedSilu, kSaveH},
         {kChunkedSkewed, kSaveH}, {kAccumulate, kSaveH}},
        {"gpt-oss-20b", "mixtral-8x7b"}},
-      {kTstoreMixed, {{kStoreStraddle, kRecompute}}, {}},
+      {kTmaStoreMixed, {{kStoreStraddle, kRecompute}}, {}},
       {kDgradWide,
        {{kSmall, kSaveH}, {kRagged192, kSaveH}, {kSkewedSilu, kSaveH}, {kChunkedSkewed, kSaveH},
         {kChunkedGelu, kRecompute}},
        {"gpt-oss-20b", "mixtral-8x7b"}},
       {kDgrad128, {{kSmall, kSaveH}, {kRagged192, kSaveH}}, {}},
-      {kSwap, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRagged, kRecompute}}, {"qwen3-30b-a3b"}},
+      {kAltOrder, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRagged, kRecompute}}, {"qwen3-30b-a3b"}},
       {kPingpong, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRaggedTma, kRecompute}}, {"qwen3-30b-a3b", "mixtral-8x7b"}},
       {kPingpong64, {{kSmall, kSaveH}, {kSkewedSilu, kSaveH}}, {"qwen3-30b-a3b"}},
-      {kPingpongTstore, {{kSmall, kSaveH}, {kStoreStraddle, kSaveH}, {kAccumulate, kSaveH}}, {"deepseek-v3"}},
+      {kPingpongTmaStore, {{kSmall, kSaveH}, {kStoreStraddle, kSaveH}, {kAccumulate, kSaveH}}, {"deepseek-v3"}},
       {kClusterPair, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRaggedTma, kRecompute}}, {"qwen3-30b-a3b", "gpt-oss-20b"}},
       {kClusterPingpong, {{kSmall, kSaveH}, {kChunkedSkewed, kSaveH}}, {"qwen3-30b-a3b"}},
   };
@@ -269,7 +269,7 @@ LayerCheckOptions check_options(const TableRow& row) {
   o.force = row.kind.tiles(row.shape.layer, row.shape.tokens);
   // Every other tiled family on its default, forced too: a cache's tuned winners then never
   // change what a row runs, whatever cache it compiles into.
-  for (const KernelSpec& s : layer_kernel_specs(o.layer, "sm_90a", o.tokens))
+  for (const KernelSpec& s : layer_kernel_specs(o.layer, Arch::sm_90a, o.tokens))
     if (is_tiled(s.family)) o.force.emplace(s.family, s.tile);
   return o;
 }

@@ -43,7 +43,7 @@ struct TileLoader {
       // MN-major stage whose k rows all exist and are evenly spaced (weights, h, dH): one
       // pointer and a stride instead of a row lookup per chunk. The per-chunk lookups made a
       // warp-specialised producer issue ~750 instructions per k step and starve its consumers
-      // (ncu on mixtral's up_dgrad; docs/performance.md "Decisions").
+      // (ncu on mixtral's gate_up_dgrad; docs/performance.md "Decisions").
       if (src.contiguous(k0, ROWS)) {
         const bool ok = col < src.limit;
         const bf16_t* p = ok ? src.row(k0 + row0) + col : src.fallback();
@@ -134,7 +134,7 @@ struct StageLoader<ROWS, COLS, THREADS, true, Src> {
 template <int ROWS, int COLS, int THREADS, class Src>
 struct StageLoader<ROWS, COLS, THREADS, false, Src> {
   // Sources that never gather (TwoPartRows) keep the plain per-stage path: the key split
-  // measured 20-25% slower on up_dgrad (docs/performance.md "Decisions").
+  // measured 20-25% slower on gate_up_dgrad (docs/performance.md "Decisions").
   static constexpr bool PREFETCH = Src::kMayGather;
   using Loader = typename PickType<PREFETCH, MnMajorLoader<ROWS, COLS, THREADS, Src>,
                                     TileLoader<ROWS, COLS, THREADS, false, Src, true>>::type;

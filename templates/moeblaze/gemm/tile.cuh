@@ -5,39 +5,35 @@
 
 namespace moeblaze::gemm {
 
-// WGMMA_: 0 = mma.sync warps, 1 = wgmma warpgroups (mainloop/wgmma_multistage.cuh), 2 = wgmma
-// consumer warpgroups plus one producer warpgroup (mainloop/warp_specialized.cuh), 3 = the same,
-// persistent and cooperative: a block walks tiles blockIdx.x, +gridDim.x, ... and its consumer
-// warpgroups split each tile's rows while the producer fills the next tile's stages
-// (gemm::for_each_tile), 4 = persistent ping-pong: two consumer warpgroups own alternate tiles
-// whole, and one runs its epilogue while the other runs its mainloop (mainloop/warp_specialized.cuh).
+// The template parameters are TileConfig's fields (generator/kernel_spec.hpp); the glossary of
+// docs/design.md explains each. MAINLOOP_: a Mainloop (common.cuh) as an int, which the flags
+// WGMMA ... PINGPONG spell out (gemm/mainloop.cuh dispatches on them). TMA_CONTIGUOUS_: the
+// operands that are not gathered come by TMA (gemm/tma_loaders.cuh). ALT_ORDER_: the other tile
+// order (gemm/scheduler/tile_schedule.cuh). TMA_STORE_: the output tile leaves through shared
+// memory by TMA stores (gemm/epilogue/tma_store.cuh). CLUSTER_: blocks per thread-block cluster
+// along M (1 or 2): the two blocks of a pair compute the two halves of a 2*BM-row tile and share
+// its B operand's stages, each loading half of them by TMA multicast into both.
 // With wgmma WARPS_N = 1 and WARPS_M = BM/16 (cooperative: one 16-row slab per warp) or 4
 // (ping-pong: one warpgroup per tile, BM/64 m64 slabs per warp), which is how wgmma lays out its
 // accumulators. THREADS counts the threads that hold one tile's accumulators; CONSUMER_THREADS
-// all consumers (two groups of THREADS in ping-pong); BLOCK_THREADS is the launch size. TMA_:
-// the operands that are not gathered come by TMA (gemm/tma_loaders.cuh; warp-specialised tiles of
-// the expert GEMMs).
-// CLUSTER_: blocks per thread-block cluster along M (1 or 2): the two blocks of a pair compute
-// the two halves of a 2*BM-row tile and share its B operand's stages, each loading half of them
-// by TMA multicast into both (persistent TMA tiles of the slot-tiled expert GEMMs).
-template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_, int NB_ = 1, int WGMMA_ = 0,
-          int TMA_ = 0, int SWAP_ = 0, int TSTORE_ = 0, int CLUSTER_ = 1>
+// all consumers (two groups of THREADS in ping-pong); BLOCK_THREADS is the launch size.
+template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_, int NB_ = 1, int MAINLOOP_ = 0,
+          int TMA_CONTIGUOUS_ = 0, int ALT_ORDER_ = 0, int TMA_STORE_ = 0, int CLUSTER_ = 1>
 struct Tile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_;
   static constexpr int STAGES = STAGES_, NB = NB_;
-  static constexpr bool TMA = TMA_ != 0;
-  static constexpr bool SWAP = SWAP_ != 0;  // the other tile order (gemm/scheduler/tile_schedule.cuh)
-  // The output tile leaves through shared memory by TMA stores (gemm/epilogue/tma_store.cuh), so the
-  // consumers go on to the next tile while it drains (weight gradients).
-  static constexpr bool TSTORE = TSTORE_ != 0;
-  static_assert(!TSTORE || WGMMA_ >= 2, "TMA-store epilogues are for warp-specialised tiles");
-  static_assert(!TMA || WGMMA_ >= 2, "TMA loads are issued by a producer warpgroup");
-  static constexpr bool WGMMA = WGMMA_ != 0;
-  static constexpr bool WARP_SPECIALIZED = WGMMA_ >= 2;
-  static constexpr bool PERSISTENT = WGMMA_ >= 3;
-  static constexpr bool PINGPONG = WGMMA_ == 4;
+  static constexpr bool TMA_CONTIGUOUS = TMA_CONTIGUOUS_ != 0;
+  static constexpr bool ALT_ORDER = ALT_ORDER_ != 0;
+  // The consumers go on to the next tile while the TMA stores drain (weight gradients).
+  static constexpr bool TMA_STORE = TMA_STORE_ != 0;
+  static constexpr bool WGMMA = uses_wgmma(Mainloop(MAINLOOP_));
+  static constexpr bool WARP_SPECIALIZED = is_warp_specialized(Mainloop(MAINLOOP_));
+  static constexpr bool PERSISTENT = is_persistent(Mainloop(MAINLOOP_));
+  static constexpr bool PINGPONG = Mainloop(MAINLOOP_) == Mainloop::pingpong;
+  static_assert(!TMA_STORE || WARP_SPECIALIZED, "TMA-store epilogues are for warp-specialised tiles");
+  static_assert(!TMA_CONTIGUOUS || WARP_SPECIALIZED, "TMA loads are issued by a producer warpgroup");
   static constexpr int CLUSTER = CLUSTER_;
-  static_assert(CLUSTER == 1 || (CLUSTER == 2 && PERSISTENT && TMA), "clusters pair persistent TMA tiles");
+  static_assert(CLUSTER == 1 || (CLUSTER == 2 && PERSISTENT && TMA_CONTIGUOUS), "clusters pair persistent TMA tiles");
   static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
   static_assert(!PINGPONG || THREADS == 128, "a ping-pong consumer group is one warpgroup");
   static constexpr int CONSUMER_GROUPS = PINGPONG ? 2 : 1;
@@ -60,10 +56,10 @@ struct Tile {
   static constexpr int A_ELEMS = BM * BK, B_ELEMS = NB * BN * BK;
   static constexpr int STAGE_ELEMS = A_ELEMS + B_ELEMS;
   static constexpr int SMEM_BYTES = STAGES * STAGE_ELEMS * 2;
-  // TSTORE: the bf16 output tile's staging buffer, after the stages (1024-byte aligned: every
+  // TMA_STORE: the bf16 output tile's staging buffer, after the stages (1024-byte aligned: every
   // stage is a multiple of 1 KiB).
   // Ping-pong groups each stage their own tile.
-  static constexpr int OUT_ELEMS = TSTORE ? BM * BN * CONSUMER_GROUPS : 0;
+  static constexpr int OUT_ELEMS = TMA_STORE ? BM * BN * CONSUMER_GROUPS : 0;
 };
 
 // Which consumer a thread is. Consumers are threads [0, CONSUMER_THREADS), the producer

@@ -13,7 +13,7 @@ namespace moeblaze::gemm {
 // BIAS: p.bias [E, G*N] ([gate | up] per expert) is added before H is stored, so that the
 // backward's H (and its dH) are those of the biased pre-activations.
 template <class Cfg, int N, Activation ACT, bool BIAS>
-MB_DEV void store_gate_up(const float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const SlotTile& t, const UpProjArgs& p) {
+MB_DEV void store_gate_up(const float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const SlotTile& t, const GateUpArgs& p) {
   constexpr int G = gate_parts<ACT>();
   bf16_t* H = static_cast<bf16_t*>(p.H);
   bf16_t* h = static_cast<bf16_t*>(p.h);

@@ -1,4 +1,4 @@
-// Per-slot output rows in bf16 (down_proj's expert outputs o, up_dgrad's per-slot dx): tile
+// Per-slot output rows in bf16 (down_proj's expert outputs o, gate_up_dgrad's per-slot dx): tile
 // row r is slot t.slot0 + r of a [slots, COLS] matrix, tile column c its column t.n0 + c.
 // BIAS: the tile expert's row of bias [E, COLS] is added (down_proj of layers with expert biases).
 #pragma once

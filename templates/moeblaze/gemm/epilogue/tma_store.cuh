@@ -1,4 +1,4 @@
-// TMA-store epilogue (tiles with Tile::TSTORE, the "_tstore" suffix): the consumers write the
+// TMA-store epilogue (tiles with Tile::TMA_STORE, the "_tmastore" suffix): the consumers write the
 // bf16 output tile into a staging buffer after the pipeline stages and move on to the next
 // tile's mainloop while one thread's cp.async.bulk.tensor stores drain it to global memory.
 // With the direct epilogue (4-byte stores from the accumulator registers) the tensor cores
@@ -12,7 +12,7 @@
 // Output maps are 3-D, [experts][rows][cols] (runtime/tma.cpp encode_output_map), box
 // [1][BM][64]: rows past an expert's last and columns past the last are out of range, and a
 // TMA store writes nothing there, so partial tiles need no masks. A tile that straddles two
-// output matrices (up_wgrad's dW1 | dW3 when n % BM != 0) keeps the direct stores: a TMA
+// output matrices (gate_up_wgrad's dW1 | dW3 when n % BM != 0) keeps the direct stores: a TMA
 // store at a negative coordinate (its dW3 part, rows before dW3's first) is an illegal
 // instruction on the H200, unlike boxes that run past the far edges, which are clipped.
 //
@@ -44,7 +44,7 @@ struct StoreTarget {
 // wait for them here.
 template <class Cfg>
 MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const StoreTarget& to) {
-  static_assert(Cfg::TSTORE && Cfg::NB == 1, "TMA-store tiles have one B tile");
+  static_assert(Cfg::TMA_STORE && Cfg::NB == 1, "TMA-store tiles have one B tile");
   bf16_t* out = staging_buffer<Cfg>();
   const bool issuer = consumer_tid<Cfg>() == 0;
   if (issuer) bulk_wait_read_all();  // the previous tile's stores have read the buffer
@@ -66,7 +66,7 @@ MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const Sto
 // A persistent block's last act (its schedule has ended): wait for the stores in flight.
 template <class Cfg>
 MB_DEV void tma_store_drain() {
-  if constexpr (Cfg::TSTORE && Cfg::PERSISTENT)
+  if constexpr (Cfg::TMA_STORE && Cfg::PERSISTENT)
     if (is_consumer<Cfg>() && consumer_tid<Cfg>() == 0) bulk_wait_all();
 }
 

@@ -22,9 +22,9 @@
 // free buffer is in flight at once and a landed stage is published even while the producer
 // waits for a buffer. Consumers keep one wgmma group in flight across stages.
 //
-// Persistent tiles (Tile WGMMA_ 3): the barriers and the stage counter live across the
-// block's tiles (WsPipe), consumers release every stage including a tile's last, and the
-// producer starts the next tile's loads while the consumers run the epilogue.
+// Persistent tiles (Mainloop::persistent and pingpong): the barriers and the stage counter
+// live across the block's tiles (WsPipe), consumers release every stage including a tile's
+// last, and the producer starts the next tile's loads while the consumers run the epilogue.
 //
 // Gathered MN-major operands (the weight-gradient reductions over an expert's slots) read
 // their row indices one stage ahead (StageLoader), so the index load latency is off the

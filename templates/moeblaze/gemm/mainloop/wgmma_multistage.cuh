@@ -44,7 +44,7 @@ struct Operand {
 // m64n(NB*BN)k16: acc[NB][1][NT][4] is, flattened, exactly that instruction's accumulator
 // order, and wgmma reads A from shared memory once per instruction, so fusing the two
 // m64n128 into one m64n256 cuts the shared-memory reads of a k16 step from 12 to 10 KiB
-// (shared-memory bandwidth bounds these tiles; measured -10% on up_proj, docs/performance.md).
+// (shared-memory bandwidth bounds these tiles; measured -10% on gate_up, docs/performance.md).
 // A warpgroup that owns MT > 1 m64 slabs (ping-pong tiles) issues one instruction per slab; the
 // fused stacked-B instruction then takes its two halves from acc[0][mt] and acc[1][mt] (mma2).
 template <class Cfg, bool A_KMAJOR, bool B_KMAJOR>

@@ -31,7 +31,7 @@ struct PassingThreads {
 // Register budget of the two roles after setmaxnreg (launch: 384 threads x 168): the producer
 // keeps its loaders' row pointers and keys, the consumers hold up to 128 accumulators plus the
 // epilogue; 128 x 96 + 256 x 200 <= 384 x 168. Of the splits tried on the suite shapes
-// (72/216, 80/208, 88/208, 96/200, 104/200) this one spills nowhere but in up_proj's 128x128
+// (72/216, 80/208, 88/208, 96/200, 104/200) this one spills nowhere but in gate_up's 128x128
 // NB=2 tile (8-44 bytes); the producer spills below 96.
 constexpr int kProducerRegs = 96, kConsumerRegs = 200;
 
