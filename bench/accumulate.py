@@ -113,6 +113,36 @@ def main():
         print(f"  {name:<34} grads {grads:<9} {ms:9.2f} ms   peak +{peak:6.2f} GiB")
         return row
 
+    def check():
+        """The fused accumulation against autograd's fresh gradient + add, from the same random
+        existing gradients: relative (Frobenius) difference and how many elements differ."""
+        start = [torch.randn(p.shape, generator=g, device="cuda", dtype=torch.bfloat16).mul_(1e-3) for p in params]
+        out = {}
+        for fused in (True, False):
+            mbt.set_fused_accumulation(fused)
+            for p, s in zip(params, start):
+                p.grad = s.clone() if fused else s
+            moeblaze_step()
+            out[fused] = [p.grad for p in params]
+            for p in params:
+                p.grad = None
+        mbt.set_fused_accumulation(True)
+        num = den = 0.0
+        differ = 0
+        for a, b in zip(out[True], out[False]):
+            for e in range(E):  # one expert at a time: an fp32 copy of a whole gradient is 30 GB
+                num += float((a[e].float() - b[e].float()).square().sum())
+                den += float(b[e].float().square().sum())
+                differ += int((a[e] != b[e]).sum())
+        total = sum(p.numel() for p in params)
+        res = {"rel_vs_fresh_plus_add": (num / den) ** 0.5, "elements_differing": differ, "elements": total}
+        print(f"  fused accumulation vs fresh + add: rel {res['rel_vs_fresh_plus_add']:.2e}, "
+              f"{differ} of {total} elements differ")
+        del out, start
+        torch.cuda.empty_cache()
+        return res
+
+    checked = check()
     rows = [
         measure("moeblaze, accumulate in epilogue", moeblaze_step, "bf16"),
         measure("moeblaze, fresh grads + autograd add", moeblaze_step, "bf16", fused=False),
@@ -125,8 +155,11 @@ def main():
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"shape": {"E": E, "K": K, "d": D, "n": N, "T": T},
-                                         "device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+                                         "device": torch.cuda.get_device_name(), "check": checked,
+                                         "rows": rows}, indent=1))
         print(f"wrote {args.json}")
+    if checked["rel_vs_fresh_plus_add"] > 1e-2:
+        raise SystemExit("accumulate: the fused accumulation differs from fresh gradients + add beyond 1e-2")
 
 
 if __name__ == "__main__":

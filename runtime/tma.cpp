@@ -127,7 +127,9 @@ void attach_hg_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t col
 
 void attach_output_maps(WgradArgs& w, const TileConfig& t, int64_t experts, int64_t rows, int64_t cols,
                         int64_t ld, const void* out0, const void* out1, int64_t expert_rows) {
-  if (!t.tma_store || w.grad_output != static_cast<int>(GradOutput::store_bf16)) return;
+  // bf16 gradients leave TMA-store tiles by TMA, stored or (accumulation) reduce-added; an fp32
+  // main gradient keeps the register epilogue (gemm/epilogue/wgrad_store.cuh tma_epilogue).
+  if (!t.tma_store || w.grad_output == static_cast<int>(GradOutput::add_f32)) return;
   w.tma_out0 = encode_output_map(reinterpret_cast<CUdeviceptr>(out0), experts, rows, cols, ld, t.bm,
                                  "weight gradient", expert_rows);
   if (out1)

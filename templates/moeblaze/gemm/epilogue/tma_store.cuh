@@ -40,10 +40,12 @@ struct StoreTarget {
 };
 
 // Consumers only (one tile's consumer group): stage the accumulator tile as bf16 and issue its
-// stores (thread 0). Returns with the stores in flight on persistent tiles; one-tile blocks
-// wait for them here.
+// stores (thread 0), or with `add` its reductions into what the target already holds (bf16
+// gradient accumulation: the read-add-write happens in L2, off the consumers' path, where a
+// register epilogue waits a memory round trip per element pair). Returns with the stores in
+// flight on persistent tiles; one-tile blocks wait for them here.
 template <class Cfg>
-MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const StoreTarget& to) {
+MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const StoreTarget& to, bool add = false) {
   static_assert(Cfg::TSTORE && Cfg::NB == 1, "TMA-store tiles have one B tile");
   bf16_t* out = staging_buffer<Cfg>();
   const bool issuer = consumer_tid<Cfg>() == 0;
@@ -56,8 +58,10 @@ MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const Sto
   consumer_sync<Cfg>();
   if (issuer) {
 #pragma unroll
-    for (int j = 0; j < Cfg::BN / 64; ++j)
-      tma_store_3d(to.map, out + j * Cfg::BM * 64, to.col + 64 * j, to.row, to.expert);
+    for (int j = 0; j < Cfg::BN / 64; ++j) {
+      if (add) tma_reduce_add_3d(to.map, out + j * Cfg::BM * 64, to.col + 64 * j, to.row, to.expert);
+      else tma_store_3d(to.map, out + j * Cfg::BM * 64, to.col + 64 * j, to.row, to.expert);
+    }
     bulk_commit();
     if constexpr (!Cfg::PERSISTENT) bulk_wait_all();
   }

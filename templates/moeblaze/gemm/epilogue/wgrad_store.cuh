@@ -7,6 +7,10 @@
 
 namespace moeblaze::gemm {
 
+// Whether a TMA-store tile (Tile::TSTORE) writes this GradOutput through its staged TMA epilogue:
+// bf16 gradients, stored or reduced-added; fp32 main gradients keep the register epilogue.
+MB_DEV bool tma_epilogue(int grad_output) { return grad_output != static_cast<int>(GradOutput::add_f32); }
+
 // Bytes of one weight-gradient element for a GradOutput.
 MB_DEV int grad_bytes(int grad_output) { return grad_output == static_cast<int>(GradOutput::add_f32) ? 4 : 2; }
 
