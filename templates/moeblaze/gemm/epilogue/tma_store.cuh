@@ -67,6 +67,49 @@ MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const Sto
   }
 }
 
+// Consumers only: add the accumulator tile into an fp32 main gradient by TMA reduce-add. An fp32
+// tile is twice the bf16 staging buffer, so it goes 64 rows at a time (a slab: one cooperative
+// warpgroup's rows), each slab staged once the previous one's reductions have read the buffer.
+template <class Cfg>
+MB_DEV void tma_add_tile_f32(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const StoreTarget& to) {
+  static_assert(Cfg::TSTORE && Cfg::NB == 1 && Cfg::BM >= 128, "an fp32 slab fills a 128-row bf16 staging buffer");
+  float* out = reinterpret_cast<float*>(staging_buffer<Cfg>());
+  const bool issuer = consumer_tid<Cfg>() == 0;
+#pragma unroll 1
+  for (int slab = 0; slab < Cfg::BM / 64; ++slab) {
+    if (issuer) bulk_wait_read_all();  // the previous slab's (or tile's) reductions have read the buffer
+    consumer_sync<Cfg>();
+    const int r0 = slab * 64;
+    for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
+      if (r >= r0 && r < r0 + 64)
+        *reinterpret_cast<float2*>(out + staged_offset_f32(r - r0, c)) = make_float2(v0, v1);
+    });
+    fence_proxy_async_smem();
+    consumer_sync<Cfg>();
+    if (issuer) {
+#pragma unroll
+      for (int j = 0; j < Cfg::BN / 32; ++j)
+        tma_reduce_add_3d(to.map, out + j * 64 * 32, to.col + 32 * j, to.row + r0, to.expert);
+      bulk_commit();
+    }
+  }
+  if constexpr (!Cfg::PERSISTENT)
+    if (issuer) bulk_wait_all();
+}
+
+// Consumers only: the weight gradient of a TMA-store tile, by its GradOutput (see
+// gemm/epilogue/wgrad_store.cuh tma_epilogue for which go this way).
+template <class Cfg>
+MB_DEV void tma_wgrad_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const StoreTarget& to, int grad_output) {
+  if constexpr (Cfg::BM >= 128) {
+    if (grad_output == static_cast<int>(GradOutput::add_f32)) {
+      tma_add_tile_f32<Cfg>(acc, to);
+      return;
+    }
+  }
+  tma_store_tile<Cfg>(acc, to, grad_output == static_cast<int>(GradOutput::add_bf16));
+}
+
 // A persistent block's last act (its schedule has ended): wait for the stores in flight.
 template <class Cfg>
 MB_DEV void tma_store_drain() {
