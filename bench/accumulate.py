@@ -113,6 +113,83 @@ def main():
         print(f"  {name:<34} grads {grads:<9} {ms:9.2f} ms   peak +{peak:6.2f} GiB")
         return row
 
+    def gradient_scales():
+        """Each weight's gradient RMS: the checks' starting gradients are drawn at this scale, so
+        that a kernel ignoring them (or adding them twice) is far outside the tolerance."""
+        for p in params:
+            p.grad = None
+        moeblaze_step()
+        scales = [(sum(float(p.grad[e].float().square().sum()) for e in range(E)) / p.numel()) ** 0.5 for p in params]
+        for p in params:
+            p.grad = None
+        return scales
+
+    scales = gradient_scales()
+
+    def check():
+        """The fused accumulation against autograd's fresh gradient + add, from the same random
+        existing gradients: relative (Frobenius) difference and how many elements differ."""
+        start = [torch.randn(p.shape, generator=g, device="cuda", dtype=torch.bfloat16).mul_(sc)
+                 for p, sc in zip(params, scales)]
+        out = {}
+        for fused in (True, False):
+            mbt.set_fused_accumulation(fused)
+            for p, s in zip(params, start):
+                p.grad = s.clone() if fused else s
+            moeblaze_step()
+            out[fused] = [p.grad for p in params]
+            for p in params:
+                p.grad = None
+        mbt.set_fused_accumulation(True)
+        num = den = 0.0
+        differ = 0
+        for a, b in zip(out[True], out[False]):
+            for e in range(E):  # one expert at a time: an fp32 copy of a whole gradient is 30 GB
+                num += float((a[e].float() - b[e].float()).square().sum())
+                den += float(b[e].float().square().sum())
+                differ += int((a[e] != b[e]).sum())
+        total = sum(p.numel() for p in params)
+        res = {"rel_vs_fresh_plus_add": (num / den) ** 0.5, "elements_differing": differ, "elements": total}
+        print(f"  fused accumulation vs fresh + add: rel {res['rel_vs_fresh_plus_add']:.2e}, "
+              f"{differ} of {total} elements differ")
+        del out, start
+        torch.cuda.empty_cache()
+        return res
+
+    def check_main_grad():
+        """The fp32 main_grad accumulation against the main gradient it started from plus the
+        fresh bf16 gradient (which rounds once more: agreement to bf16 precision, not bitwise).
+        The start is regenerated expert by expert from per-expert seeds, so no copy of the
+        45 GB of main gradients is held."""
+        def start(i, e):
+            ge = torch.Generator(device="cuda").manual_seed(1000 * i + e)
+            return torch.randn(params[i].shape[1:], generator=ge, device="cuda") * scales[i]
+        for i, p in enumerate(params):
+            p.grad = None
+            p.main_grad = torch.empty(p.shape, dtype=torch.float32, device="cuda")
+            for e in range(E):
+                p.main_grad[e] = start(i, e)
+        moeblaze_step()
+        fused = [p.main_grad for p in params]
+        for p in params:
+            del p.main_grad
+        moeblaze_step()  # fresh bf16 gradients
+        num = den = 0.0
+        for i, (p, m) in enumerate(zip(params, fused)):
+            for e in range(E):
+                fresh = p.grad[e].float()
+                num += float((m[e] - start(i, e) - fresh).square().sum())
+                den += float(fresh.square().sum())
+            p.grad = None
+        del fused
+        torch.cuda.empty_cache()
+        rel = (num / den) ** 0.5
+        print(f"  fused fp32 main_grad vs start + fresh bf16 gradient: rel {rel:.2e} (of the gradient)")
+        return rel
+
+    checked = check()
+    if args.main_grad:
+        checked["main_grad_rel_vs_start_plus_fresh"] = check_main_grad()
     rows = [
         measure("moeblaze, accumulate in epilogue", moeblaze_step, "bf16"),
         measure("moeblaze, fresh grads + autograd add", moeblaze_step, "bf16", fused=False),
@@ -125,8 +202,11 @@ def main():
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"shape": {"E": E, "K": K, "d": D, "n": N, "T": T},
-                                         "device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+                                         "device": torch.cuda.get_device_name(), "check": checked,
+                                         "rows": rows}, indent=1))
         print(f"wrote {args.json}")
+    if checked["rel_vs_fresh_plus_add"] > 1e-2 or checked.get("main_grad_rel_vs_start_plus_fresh", 0) > 1e-2:
+        raise SystemExit(f"accumulate: a fused accumulation differs from fresh gradients + add beyond 1e-2: {checked}")
 
 
 if __name__ == "__main__":

@@ -266,8 +266,9 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
       w2.n_cols = cols;
       w2.b_ld = bs.hg_cols;
       attach_hg_map(w2, wt2, TK, cols, bs.hg_cols);
-      // dW2's columns of this chunk (bf16 when the maps are used: 2 bytes per element)
-      attach_output_maps(w2, wt2, E, d, cols, n, static_cast<const char*>(w2.out0) + int64_t{c0} * 2, nullptr);
+      // dW2's columns of this chunk (bf16, or an fp32 main gradient)
+      const int64_t grad_bytes = grad_output == GradOutput::add_f32 ? 4 : 2;
+      attach_output_maps(w2, wt2, E, d, cols, n, static_cast<const char*>(w2.out0) + c0 * grad_bytes, nullptr);
       ks.launch(KernelFamily::down_wgrad, E * ceil_div(d, wt2.bm) * ceil_div(cols, wt2.bn), w2, stream, a.observer);
     }
   }

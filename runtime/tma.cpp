@@ -8,28 +8,31 @@ namespace moeblaze {
 
 namespace {
 // The limits of cuTensorMapEncodeTiled (CUDA driver API, "Tensor Map Object Management") that
-// every bf16 view here must meet: `rows` rows of `cols` elements, `ld` elements apart, read or
-// written in boxes of [box_rows][64].
-void check_tma_view(CUdeviceptr base, int64_t rows, int64_t cols, int64_t ld, int box_rows, const char* name) {
+// every view here must meet: `rows` rows of `cols` elements of `elem_bytes` (bf16: 2, fp32: 4),
+// `ld` elements apart, read or written in boxes of [box_rows][128 bytes].
+void check_tma_view(CUdeviceptr base, int64_t rows, int64_t cols, int64_t ld, int box_rows, const char* name,
+                    int elem_bytes = 2) {
   if (base % 16 != 0) throw InvalidArgument(name, fmt::format("pointer {:#x} is not 16-byte aligned (TMA)", base));
   if (cols <= 0 || rows <= 0) throw InvalidArgument(name, "is empty");
-  if ((ld * 2) % 16 != 0)
-    throw InvalidArgument(name, fmt::format("rows {} bf16 apart are not a multiple of 16 bytes apart (TMA)", ld));
+  if ((ld * elem_bytes) % 16 != 0)
+    throw InvalidArgument(name, fmt::format("rows {} {} apart are not a multiple of 16 bytes apart (TMA)", ld,
+                                            elem_bytes == 2 ? "bf16" : "fp32"));
   if (ld < cols) throw InvalidArgument(name, fmt::format("row stride {} is below the row width {}", ld, cols));
   if (box_rows < 1 || box_rows > 256) throw InvalidArgument("tile", fmt::format("TMA box of {} rows", box_rows));
   if (rows >= (int64_t{1} << 31)) throw InvalidArgument(name, "has 2^31 rows or more (TMA coordinates)");
 }
 
-// One bf16 tensor map in the 128-byte swizzle (the layout of the wgmma stage tiles).
+// One bf16 (or fp32) tensor map in the 128-byte swizzle (the layout of the wgmma stage tiles).
 template <int RANK>
 TmaMap encode_tiled(CUdeviceptr base, const uint64_t (&dims)[RANK], const uint64_t (&strides)[RANK - 1],
                     const uint32_t (&box)[RANK], const uint32_t (&element_strides)[RANK],
-                    CUtensorMapL2promotion promotion, const char* name) {
+                    CUtensorMapL2promotion promotion, const char* name,
+                    CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16) {
   static_assert(sizeof(TmaMap) == sizeof(CUtensorMap) && alignof(TmaMap) >= alignof(CUtensorMap),
                 "TmaMap must hold a CUtensorMap");
   CUtensorMap map;
   const CUresult r = cuda_driver().cuTensorMapEncodeTiled(
-      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, RANK, reinterpret_cast<void*>(base), dims, strides, box,
+      &map, type, RANK, reinterpret_cast<void*>(base), dims, strides, box,
       element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   check_cuda(r, fmt::format("cuTensorMapEncodeTiled({})", name).c_str());
@@ -59,8 +62,9 @@ TmaMap encode_weight_map(CUdeviceptr base, int64_t total_rows, int64_t k, int bo
 }
 
 OutputMapParams output_map_params(CUdeviceptr base, int64_t experts, int64_t rows, int64_t cols, int64_t ld,
-                                  int box_rows, const char* name, int64_t expert_rows) {
-  check_tma_view(base, rows, cols, ld, box_rows, name);
+                                  int box_rows, const char* name, int64_t expert_rows, OutputElement element) {
+  const int elem_bytes = element == OutputElement::f32 ? 4 : 2;
+  check_tma_view(base, rows, cols, ld, box_rows, name, elem_bytes);
   if (experts <= 0) throw InvalidArgument(name, "is empty");
   if (expert_rows == 0) expert_rows = rows;
   if (expert_rows < rows)
@@ -70,18 +74,20 @@ OutputMapParams output_map_params(CUdeviceptr base, int64_t experts, int64_t row
   p.dims[0] = static_cast<uint64_t>(cols);
   p.dims[1] = static_cast<uint64_t>(rows);
   p.dims[2] = static_cast<uint64_t>(experts);
-  p.strides[0] = static_cast<uint64_t>(ld) * 2;
-  p.strides[1] = static_cast<uint64_t>(expert_rows) * static_cast<uint64_t>(ld) * 2;
-  p.box[0] = 64;
+  p.strides[0] = static_cast<uint64_t>(ld) * elem_bytes;
+  p.strides[1] = static_cast<uint64_t>(expert_rows) * static_cast<uint64_t>(ld) * elem_bytes;
+  p.box[0] = 128 / elem_bytes;  // the swizzle span
   p.box[1] = static_cast<uint32_t>(box_rows);
   p.box[2] = 1;
   return p;
 }
 
 TmaMap encode_output_map(CUdeviceptr base, int64_t experts, int64_t rows, int64_t cols, int64_t ld, int box_rows,
-                         const char* name, int64_t expert_rows) {
-  const OutputMapParams p = output_map_params(base, experts, rows, cols, ld, box_rows, name, expert_rows);
-  return encode_tiled<3>(base, p.dims, p.strides, p.box, p.element_strides, CU_TENSOR_MAP_L2_PROMOTION_NONE, name);
+                         const char* name, int64_t expert_rows, OutputElement element) {
+  const OutputMapParams p = output_map_params(base, experts, rows, cols, ld, box_rows, name, expert_rows, element);
+  return encode_tiled<3>(base, p.dims, p.strides, p.box, p.element_strides, CU_TENSOR_MAP_L2_PROMOTION_NONE, name,
+                         element == OutputElement::f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                                       : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16);
 }
 
 int64_t w1_map_rows(const LayerConfig& l) { return int64_t{l.shape.experts} * l.w1_rows(); }
@@ -127,12 +133,19 @@ void attach_hg_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t col
 
 void attach_output_maps(WgradArgs& w, const TileConfig& t, int64_t experts, int64_t rows, int64_t cols,
                         int64_t ld, const void* out0, const void* out1, int64_t expert_rows) {
-  if (!t.tma_store || w.grad_output != static_cast<int>(GradOutput::store_bf16)) return;
-  w.tma_out0 = encode_output_map(reinterpret_cast<CUdeviceptr>(out0), experts, rows, cols, ld, t.bm,
-                                 "weight gradient", expert_rows);
+  // TMA-store tiles write the gradients by TMA: bf16 stored or reduce-added in [bm][64] boxes, an
+  // fp32 main gradient reduce-added in [64][32] boxes, 64 rows at a time through the staging
+  // buffer (tiles of 128 rows or more: gemm/epilogue/wgrad_store.cuh tma_epilogue).
+  if (!t.tma_store) return;
+  const bool f32 = w.grad_output == static_cast<int>(GradOutput::add_f32);
+  if (f32 && t.bm < 128) return;
+  const OutputElement elem = f32 ? OutputElement::f32 : OutputElement::bf16;
+  const int box_rows = f32 ? 64 : t.bm;
+  w.tma_out0 = encode_output_map(reinterpret_cast<CUdeviceptr>(out0), experts, rows, cols, ld, box_rows,
+                                 "weight gradient", expert_rows, elem);
   if (out1)
-    w.tma_out1 = encode_output_map(reinterpret_cast<CUdeviceptr>(out1), experts, rows, cols, ld, t.bm, "dw3",
-                                   expert_rows);
+    w.tma_out1 = encode_output_map(reinterpret_cast<CUdeviceptr>(out1), experts, rows, cols, ld, box_rows, "dw3",
+                                   expert_rows, elem);
 }
 
 }  // namespace moeblaze

@@ -30,22 +30,26 @@ WeightMapParams weight_map_params(CUdeviceptr base, int64_t total_rows, int64_t 
 TmaMap encode_weight_map(CUdeviceptr base, int64_t total_rows, int64_t k, int box_rows, const char* name,
                          int64_t ld = 0);
 
-// The arguments of cuTensorMapEncodeTiled for an output [experts][rows][cols] (bf16, rows ld
-// elements apart, experts rows*ld apart) stored by TMA boxes of [1][box_rows][64] (the
+// Element type of an output map: bf16 gradients (stored or reduce-added), or an fp32 main
+// gradient (reduce-added).
+enum class OutputElement { bf16, f32 };
+// The arguments of cuTensorMapEncodeTiled for an output [experts][rows][cols] (rows ld elements
+// apart, experts rows*ld apart) written by TMA boxes of [1][box_rows][128 bytes] (the
 // "_tmastore" epilogue, templates/moeblaze/gemm/epilogue/tma_store.cuh). Pure, tested without a
 // GPU.
 struct OutputMapParams {
   uint64_t dims[3];     // {cols, rows, experts}
   uint64_t strides[2];  // bytes between rows, between experts
-  uint32_t box[3];      // {64, box_rows, 1}
+  uint32_t box[3];      // {128 bytes of columns: 64 bf16 or 32 fp32, box_rows, 1}
   uint32_t element_strides[3] = {1, 1, 1};
 };
 // expert_rows: rows from one expert's first row to the next's (0: rows; a fused gate_up's dW1
-// and dW3 views: 2n rows of which each view covers n).
+// and dW3 views: 2n rows of which each view covers n). ld and expert_rows count elements.
 OutputMapParams output_map_params(CUdeviceptr base, int64_t experts, int64_t rows, int64_t cols, int64_t ld,
-                                  int box_rows, const char* name, int64_t expert_rows = 0);
+                                  int box_rows, const char* name, int64_t expert_rows = 0,
+                                  OutputElement element = OutputElement::bf16);
 TmaMap encode_output_map(CUdeviceptr base, int64_t experts, int64_t rows, int64_t cols, int64_t ld, int box_rows,
-                         const char* name, int64_t expert_rows = 0);
+                         const char* name, int64_t expert_rows = 0, OutputElement element = OutputElement::bf16);
 
 // The tensor maps of a TMA tile's kernel argument (TileConfig::tma_contiguous; nothing otherwise).
 void attach_weight_maps(GateUpArgs& up, const TileConfig& t, const LayerConfig& l);
@@ -55,7 +59,8 @@ void attach_weight_maps(GateUpDgradArgs& ud, const TileConfig& t, const LayerCon
 // gate_up_wgrad reads dH (A: [slots, cols]), down_wgrad hg (B: [slots, cols], rows ld apart).
 void attach_dh_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols);
 void attach_hg_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols, int64_t ld);
-// "_tmastore" weight gradients with stored bf16 outputs (accumulation keeps the direct stores):
+// "_tmastore" weight gradients (bf16 stored or reduce-added; fp32 main gradients reduce-added on
+// tiles of 128 rows or more, else the register epilogue):
 // the output maps, [E][rows][cols] with rows ld apart and experts expert_rows rows apart (0:
 // rows); out0 already offset to the first column (down wgrad column chunks), out1 dW3 or nullptr.
 void attach_output_maps(WgradArgs& w, const TileConfig& t, int64_t experts, int64_t rows, int64_t cols,

@@ -159,9 +159,9 @@ MB_DEV void down_wgrad(const WgradArgs& p) {
       gemm::run_mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem(), pipe, role);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
-    if constexpr (Cfg::TMA_STORE) {  // stored bf16 gradients: staged, stored by TMA (tma_out0: this chunk's columns)
-      if (p.grad_output == static_cast<int>(GradOutput::store_bf16)) {
-        gemm::tma_store_tile<Cfg>(acc, gemm::StoreTarget{&p.tma_out0, w.m0, w.n0, w.expert});
+    if constexpr (Cfg::TMA_STORE) {  // gradients staged and written by TMA (tma_out0: this chunk's columns)
+      if (gemm::tma_epilogue<Cfg>(p.grad_output)) {
+        gemm::tma_wgrad_tile<Cfg>(acc, gemm::StoreTarget{&p.tma_out0, w.m0, w.n0, w.expert}, p.grad_output);
         return true;
       }
     }
@@ -196,16 +196,17 @@ MB_DEV void gate_up_wgrad(const WgradArgs& p) {
       gemm::run_mainloop<Cfg, false, false>(acc, a, b, w.count, gemm::dynamic_smem(), pipe, role);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
-    if constexpr (Cfg::TMA_STORE) {  // stored bf16 gradients: staged, stored by TMA into dW1 or dW3
+    if constexpr (Cfg::TMA_STORE) {  // gradients staged and written by TMA into dW1 or dW3
       // A tile straddling dW1 | dW3 (n % BM != 0: one per expert and column of tiles) keeps
       // the direct stores below: its dW3 part would start at a negative row of dW3's map, and
       // TMA stores at negative coordinates stopped the GPU with an illegal instruction (partial
       // boxes at the far edges store fine: the ragged-column grad-checks pass).
       const bool straddles = G == 2 && w.m0 < N && w.m0 + Cfg::BM > N;
-      if (p.grad_output == static_cast<int>(GradOutput::store_bf16) && !straddles) {
+      if (gemm::tma_epilogue<Cfg>(p.grad_output) && !straddles) {
         const bool dw3 = w.m0 >= N;
-        gemm::tma_store_tile<Cfg>(acc, gemm::StoreTarget{dw3 ? &p.tma_out1 : &p.tma_out0, dw3 ? w.m0 - N : w.m0,
-                                                         w.n0, w.expert});
+        gemm::tma_wgrad_tile<Cfg>(acc, gemm::StoreTarget{dw3 ? &p.tma_out1 : &p.tma_out0, dw3 ? w.m0 - N : w.m0,
+                                                         w.n0, w.expert},
+                                  p.grad_output);
         return true;
       }
     }

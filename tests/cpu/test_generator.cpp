@@ -532,6 +532,9 @@ TEST_CASE("generator: _tmastore tiles (TMA-store epilogue) compile for both weig
         INFO(b.compiled.kernel_name);
         CHECK(b.generated.source.text.find("__grid_constant__") != std::string::npos);
         CHECK(b.compiled.ptx.find("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group") != std::string::npos);
+        // bf16 gradient accumulation adds the staged tile into the existing gradient in L2
+        CHECK(b.compiled.ptx.find("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group") !=
+              std::string::npos);
         CHECK(b.compiled.ptx.find("cp.async.bulk.commit_group") != std::string::npos);
         CHECK(b.compiled.ptx.find("cp.async.bulk.wait_group") != std::string::npos);
         CHECK(b.compiled.ptx.find("fence.proxy.async.shared::cta") != std::string::npos);

@@ -2,12 +2,15 @@
 // tile a following family takes, the peak-memory formula, the token bucket, and how a kernel
 // is obtained (cache hit, compile, or a recorded failure).
 #include <doctest/doctest.h>
+
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "core/errors.hpp"
@@ -33,6 +36,9 @@ TEST_CASE("parallel_tasks runs every index once, on several threads, and rethrow
                            [&](int64_t i) {
                              ++ran;
                              if (i == 5) throw std::runtime_error("task 5 failed");
+                             // Tasks take a while, as real ones do: without it the second thread
+                             // could finish all 100 before the first failure is seen.
+                             std::this_thread::sleep_for(std::chrono::milliseconds(2));
                            },
                            2),
                        "task 5 failed", std::runtime_error);

@@ -323,4 +323,14 @@ TEST_CASE("validation: TMA views of a fused gate_up step 2n rows per expert") {
   CHECK(p.strides[1] == uint64_t{2048} * 4096 * 2);
   CHECK(output_map_params(kFakeBase, 8, 1024, 4096, 4096, 128, "dw1").strides[1] == uint64_t{1024} * 4096 * 2);
   expect_invalid([] { output_map_params(kFakeBase, 8, 1024, 4096, 4096, 128, "dw1", 512); }, "dw1", "overlap");
+  // An fp32 main gradient reduce-added by TMA: 4-byte elements, [64][32] boxes (128 bytes a row).
+  const OutputMapParams f = output_map_params(kFakeBase, 8, 1024, 4096, 4096, 64, "dw1", 2048, OutputElement::f32);
+  CHECK(f.strides[0] == 4096 * 4);
+  CHECK(f.strides[1] == uint64_t{2048} * 4096 * 4);
+  CHECK(f.box[0] == 32);
+  CHECK(f.box[1] == 64);
+  CHECK(output_map_params(kFakeBase, 8, 1024, 4096, 4096, 128, "dw1").box[0] == 64);
+  // 4 fp32 apart is 16 bytes (fine for TMA) where 4 bf16 apart is not.
+  CHECK(output_map_params(kFakeBase, 8, 64, 4, 4, 64, "dw2", 0, OutputElement::f32).strides[0] == 16);
+  expect_invalid([] { output_map_params(kFakeBase, 8, 64, 4, 4, 64, "dw2"); }, "dw2");
 }

@@ -33,6 +33,15 @@ MB_DEV void tma_store_3d(const TmaMap* map, const bf16_t* smem, int col, int row
                "r"(col), "r"(row), "r"(expert), "r"(smem_addr(smem))
                : "memory");
 }
+// The same box added into global memory instead of stored: the reduction runs in L2, in the
+// map's element type (bf16: each element rounded once more after the add, as a separate add
+// would; fp32 main gradients).
+MB_DEV void tma_reduce_add_3d(const TmaMap* map, const void* smem, int col, int row, int expert) {
+  asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+                   reinterpret_cast<unsigned long long>(map)),
+               "r"(col), "r"(row), "r"(expert), "r"(smem_addr(smem))
+               : "memory");
+}
 MB_DEV void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // The committed store groups have finished reading shared memory (the buffer may be rewritten).
 MB_DEV void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }

@@ -40,10 +40,12 @@ struct StoreTarget {
 };
 
 // Consumers only (one tile's consumer group): stage the accumulator tile as bf16 and issue its
-// stores (thread 0). Returns with the stores in flight on persistent tiles; one-tile blocks
-// wait for them here.
+// stores (thread 0), or with `add` its reductions into what the target already holds (bf16
+// gradient accumulation: the read-add-write happens in L2, off the consumers' path, where a
+// register epilogue waits a memory round trip per element pair). Returns with the stores in
+// flight on persistent tiles; one-tile blocks wait for them here.
 template <class Cfg>
-MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const StoreTarget& to) {
+MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const StoreTarget& to, bool add = false) {
   static_assert(Cfg::TMA_STORE && Cfg::NB == 1, "TMA-store tiles have one B tile");
   bf16_t* out = staging_buffer<Cfg>();
   const bool issuer = consumer_tid<Cfg>() == 0;
@@ -56,11 +58,56 @@ MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const Sto
   consumer_sync<Cfg>();
   if (issuer) {
 #pragma unroll
-    for (int j = 0; j < Cfg::BN / 64; ++j)
-      tma_store_3d(to.map, out + j * Cfg::BM * 64, to.col + 64 * j, to.row, to.expert);
+    for (int j = 0; j < Cfg::BN / 64; ++j) {
+      if (add) tma_reduce_add_3d(to.map, out + j * Cfg::BM * 64, to.col + 64 * j, to.row, to.expert);
+      else tma_store_3d(to.map, out + j * Cfg::BM * 64, to.col + 64 * j, to.row, to.expert);
+    }
     bulk_commit();
     if constexpr (!Cfg::PERSISTENT) bulk_wait_all();
   }
+}
+
+// Consumers only: add the accumulator tile into an fp32 main gradient by TMA reduce-add. An fp32
+// tile is twice the bf16 staging buffer, so it goes 64 rows at a time (a slab: one cooperative
+// warpgroup's rows), each slab staged once the previous one's reductions have read the buffer.
+template <class Cfg>
+MB_DEV void tma_add_tile_f32(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const StoreTarget& to) {
+  static_assert(Cfg::TMA_STORE && Cfg::NB == 1 && Cfg::BM >= 128, "an fp32 slab fills a 128-row bf16 staging buffer");
+  float* out = reinterpret_cast<float*>(staging_buffer<Cfg>());
+  const bool issuer = consumer_tid<Cfg>() == 0;
+#pragma unroll 1
+  for (int slab = 0; slab < Cfg::BM / 64; ++slab) {
+    if (issuer) bulk_wait_read_all();  // the previous slab's (or tile's) reductions have read the buffer
+    consumer_sync<Cfg>();
+    const int r0 = slab * 64;
+    for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
+      if (r >= r0 && r < r0 + 64)
+        *reinterpret_cast<float2*>(out + staged_offset_f32(r - r0, c)) = make_float2(v0, v1);
+    });
+    fence_proxy_async_smem();
+    consumer_sync<Cfg>();
+    if (issuer) {
+#pragma unroll
+      for (int j = 0; j < Cfg::BN / 32; ++j)
+        tma_reduce_add_3d(to.map, out + j * 64 * 32, to.col + 32 * j, to.row + r0, to.expert);
+      bulk_commit();
+    }
+  }
+  if constexpr (!Cfg::PERSISTENT)
+    if (issuer) bulk_wait_all();
+}
+
+// Consumers only: the weight gradient of a TMA-store tile, by its GradOutput (see
+// gemm/epilogue/wgrad_store.cuh tma_epilogue for which go this way).
+template <class Cfg>
+MB_DEV void tma_wgrad_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const StoreTarget& to, int grad_output) {
+  if constexpr (Cfg::BM >= 128) {
+    if (grad_output == static_cast<int>(GradOutput::add_f32)) {
+      tma_add_tile_f32<Cfg>(acc, to);
+      return;
+    }
+  }
+  tma_store_tile<Cfg>(acc, to, grad_output == static_cast<int>(GradOutput::add_bf16));
 }
 
 // A persistent block's last act (its schedule has ended): wait for the stores in flight.
