@@ -69,7 +69,9 @@ def parse_args(argv=None):
     ap.add_argument("--impls", help=f"default: {','.join(FULL['impls'])}; --quick: {','.join(plan.QUICK['impls'])}")
     ap.add_argument("--routing", help="default: random,skewed; --quick: random")
     ap.add_argument("--quick", action="store_true", help="the A/B subset (other options override its choices)")
-    ap.add_argument("--sweep", action="store_true", help="token sweep T = 4096..65536 on --sweep-shapes (when in --shapes)")
+    ap.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=False,
+                    help="token sweep T = 4096..65536 on --sweep-shapes (when in --shapes); --no-sweep undoes an "
+                         "earlier --sweep (bench/run_suite.sh passes one)")
     ap.add_argument("--sweep-shapes", default="qwen3-30b-a3b,deepseek-v3")
     ap.add_argument("--sweep-impls", default=",".join(plan.DEFAULT_SWEEP_IMPLS),
                     help="impls of the sweep (those also in --impls); torch-loop is out by default: "
