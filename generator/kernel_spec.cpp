@@ -192,7 +192,10 @@ std::string TileConfig::to_string() const {
 }
 
 TileConfig wgmma_tile(int bm, int bn, int stages, Mainloop mainloop) {
-  TileConfig t{bm, bn, 64, mainloop == Mainloop::pingpong ? 4 : bm / 16, 1, stages};
+  // Warps holding accumulators: ping-pong one warpgroup; cooperative one 16-row slab a warp,
+  // except 256-row warp-specialised tiles: two warpgroups of two m64 slabs each.
+  const bool two_slabs = bm == 256 && is_warp_specialized(mainloop) && mainloop != Mainloop::pingpong;
+  TileConfig t{bm, bn, 64, mainloop == Mainloop::pingpong ? 4 : two_slabs ? 8 : bm / 16, 1, stages};
   t.mainloop = mainloop;
   return t;
 }
@@ -344,8 +347,9 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
       if (t.warps_m != 4 || t.warps_n != 1) return "ping-pong tiles have 4 x 1 warps (one warpgroup per tile)";
       if (t.bm != 64 && t.bm != 128) return "ping-pong tiles have bm 64 or 128 (one warpgroup's m64 slabs)";
       if (!supports_persistent(spec.family)) return "ping-pong tiles are for the expert GEMMs";
-    } else if (t.warps_m != t.bm / 16 || t.warps_n != 1) {
-      return "wgmma tiles have bm/16 x 1 warps";
+    } else if (t.warps_n != 1 || (t.warps_m != t.bm / 16 && !(t.warp_specialized() && t.bm == 256 && t.warps_m == 8))) {
+      // 256-row warp-specialised tiles: two consumer warpgroups of 128 rows (two m64 slabs) each
+      return "wgmma tiles have bm/16 x 1 warps (256-row warp-specialised tiles: 8 x 1, two slabs a warpgroup)";
     }
     if (t.bm % 64) return "wgmma tiles cover whole warpgroups (bm a multiple of 64)";
     if (t.bn != 64 && t.bn != 128 && t.bn != 192 && t.bn != 256) return "wgmma bn must be 64, 128, 192 or 256";
@@ -357,7 +361,8 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
     // tile (gemm/loaders.cuh TileLoader): 24 chunks per 192-wide row do not divide 128.
     if (t.bn == 192 && spec.family != KernelFamily::gate_up_wgrad && !t.tma_contiguous)
       return "192-wide tiles need TMA loads (the cp.async loader cannot split a 192-wide row among 128 threads)";
-    if (t.warp_specialized() && t.bm > 128) return "warp-specialised tiles have one or two consumer warpgroups";
+    if (t.warp_specialized() && t.compute_threads() > 256)
+      return "warp-specialised tiles have one or two consumer warpgroups";
     if (t.persistent() && !supports_persistent(spec.family)) return "persistent tiles are for the expert GEMMs";
   }
   if (t.alt_order && (!t.wgmma() || !supports_persistent(spec.family)))

@@ -62,8 +62,9 @@ struct TileConfig {
   int bm = 128, bn = 128, bk = 64;
   int warps_m = 2, warps_n = 4;
   int stages = 3;
-  // With wgmma warps_n = 1 and warps_m = bm/16 (cooperative) or 4 (ping-pong: one warpgroup
-  // per tile), the accumulator layout of wgmma.
+  // With wgmma warps_n = 1 and warps_m = bm/16 (cooperative), 8 for 256-row warp-specialised
+  // tiles (two warpgroups of two m64 slabs), or 4 (ping-pong: one warpgroup per tile): the
+  // accumulator layout of wgmma.
   Mainloop mainloop = Mainloop::mma_sync;
   // Every operand that is not gathered (its rows are contiguous) comes by TMA instead of the
   // producer's cp.async copies: warp-specialised tiles of the expert GEMMs.
@@ -127,7 +128,7 @@ struct KernelSpec {
 std::string legality_problem(const KernelSpec& spec, int max_smem_bytes = 227 * 1024);
 
 // A wgmma tile: bm x bn, `stages` deep, with a wgmma mainloop (any but mma_sync) and the warps
-// it takes (bm/16 x 1, or 4 x 1 for ping-pong).
+// it takes (bm/16 x 1; 8 x 1 for 256-row warp-specialised tiles; 4 x 1 for ping-pong).
 TileConfig wgmma_tile(int bm, int bn, int stages, Mainloop mainloop = Mainloop::wgmma_multistage);
 // A persistent ping-pong tile (two consumer warpgroups, each owning a bm x bn tile).
 TileConfig pingpong_tile(int bm, int bn, int stages);

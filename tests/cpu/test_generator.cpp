@@ -386,8 +386,9 @@ TEST_CASE("generator: warp-specialised wgmma tiles compile for every GEMM of eve
   CHECK(ws.threads() == 384);
   CHECK(ws.compute_threads() == 256);
   CHECK(legality_problem(KernelSpec{KernelFamily::gate_up_wgrad, l, wgmma_tile(64, 128, 4, Mainloop::warp_specialized), Arch::sm_90a}).empty());
-  CHECK(!legality_problem(KernelSpec{KernelFamily::gate_up_wgrad, l, wgmma_tile(256, 128, 3, Mainloop::warp_specialized), Arch::sm_90a})
-             .empty());  // at most two consumer warpgroups
+  TileConfig four_groups = wgmma_tile(256, 128, 3, Mainloop::warp_specialized);  // two groups of two slabs
+  four_groups.warps_m = 16;  // a slab a warp: four consumer warpgroups
+  CHECK(!legality_problem(KernelSpec{KernelFamily::gate_up_wgrad, l, four_groups, Arch::sm_90a}).empty());
 }
 
 
@@ -675,6 +676,64 @@ TEST_CASE("generator: cluster pairs (_cluster2x1) compile for the slot-tiled exp
         CHECK(ptx.find("barrier.cluster.wait") != std::string::npos);
         CHECK(ptx.find("mapa.shared::cluster") != std::string::npos);  // a stage freed in both blocks
         CHECK(ptx.find("fence.mbarrier_init.release.cluster") != std::string::npos);
+      }
+    }
+  }
+}
+
+TEST_CASE("generator: 256-row warp-specialised tiles (two m64 slabs a warpgroup) for down_proj and gate_up_dgrad") {
+  const TileConfig persist = wgmma_tile(256, 128, 4, Mainloop::persistent);
+  CHECK(persist.warps_m == 8);  // two consumer warpgroups
+  CHECK(persist.threads() == 256 + 128);
+  CHECK(wgmma_tile(256, 128, 4, Mainloop::wgmma_multistage).warps_m == 16);  // no producer: a slab a warp
+  LayerConfig q = find_preset("qwen3-30b-a3b").layer;
+  TileConfig four_groups = persist;
+  four_groups.warps_m = 16;
+  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, q, four_groups, Arch::sm_90a}).find("warpgroups") !=
+        std::string::npos);
+  // Each warp's 16-row blocks of the two slabs, over both warpgroups, cover the 256 rows once
+  // (NVRTC evaluates gemm::Tile::acc_row; the one-slab tiles keep their layout).
+  KernelSource src;
+  src.kernel_name = "acc_rows";
+  src.file_name = "acc_rows.cu";
+  src.text = R"(#include "moeblaze/gemm/tile.cuh"
+template <class T>
+constexpr bool rows_once() {
+  bool seen[T::BM / 16] = {};
+  for (int w = 0; w < T::WARPS_M; ++w)
+    for (int mt = 0; mt < T::MT; ++mt) {
+      const int r = T::acc_row(w, mt);
+      if (r % 16 || r < 0 || r >= T::BM || seen[r / 16]) return false;
+      seen[r / 16] = true;
+    }
+  return true;
+}
+using P = moeblaze::Mainloop;
+using TwoSlabs = moeblaze::gemm::Tile<256, 128, 64, 8, 1, 4, 1, int(P::persistent), 1>;
+using OneSlab = moeblaze::gemm::Tile<128, 256, 64, 8, 1, 4, 1, int(P::persistent), 1>;
+using PingPong = moeblaze::gemm::Tile<128, 128, 64, 4, 1, 6, 1, int(P::pingpong), 1>;
+static_assert(TwoSlabs::MT == 2 && rows_once<TwoSlabs>(), "256-row tile rows");
+static_assert(TwoSlabs::acc_row(4, 0) == 128 && TwoSlabs::acc_row(3, 1) == 112, "warpgroup 1 owns rows 128..255");
+static_assert(OneSlab::MT == 1 && rows_once<OneSlab>() && OneSlab::acc_row(5, 0) == 80, "cooperative rows");
+static_assert(PingPong::MT == 2 && rows_once<PingPong>() && PingPong::acc_row(1, 1) == 80, "ping-pong rows");
+extern "C" __global__ void acc_rows() {}
+)";
+  CHECK_NOTHROW(compile_kernel(src, CompileOptions{}));
+  for (const Preset& p : presets()) {
+    if (!p.in_suite) continue;
+    SUBCASE(p.name.c_str()) {
+      TileConfig down = persist, dgrad = wgmma_tile(256, 128, 4, Mainloop::warp_specialized);
+      down.tma_contiguous = dgrad.tma_contiguous = true;
+      const std::vector<KernelSpec> specs{{KernelFamily::down_proj, p.layer, down, Arch::sm_90a},
+                                          {KernelFamily::gate_up_dgrad, p.layer, dgrad, Arch::sm_90a}};
+      for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), legality_problem(s));
+      const auto built = compile_all(specs, 0, true);  // keep the PTX
+      check_compiled_without_spills(built);
+      for (const auto& b : built) {
+        INFO(b.compiled.kernel_name);
+        CHECK(b.compiled.kernel_name.find("_256x128x64_w8x1_s4_") != std::string::npos);
+        CHECK(b.compiled.ptx.find("wgmma.mma_async.sync.aligned.m64n128k16") != std::string::npos);
+        CHECK(b.compiled.ptx.find("cp.async.bulk.tensor.2d") != std::string::npos);
       }
     }
   }

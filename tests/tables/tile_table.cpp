@@ -184,6 +184,11 @@ const TileKind kClusterPair = from_defaults("cluster-pair", "slot-tiled GEMMs: t
                                               t.cluster_m = 2;
                                               return true;
                                             });
+// 256-row warp-specialised tiles: two consumer warpgroups of 128 rows (two m64 slabs) each, the
+// tile shape QuACK's autotuner picks for these GEMMs.
+const TileKind kTwoSlab256 = forced("two-slab-256", "down_proj, gate_up_dgrad: 256x128, two m64 slabs a warpgroup, TMA loads",
+                                    {"down_proj=256x128x64_w8x1_s4_persist_tmacontig",
+                                     "gate_up_dgrad=256x128x64_w8x1_s4_ws_tmacontig"});
 const TileKind kClusterPingpong = pingpong_kind("cluster-pingpong", "slot-tiled GEMMs: ping-pong 64x256 as a cluster pair",
                                                 64, 256, 5, false, 2);
 
@@ -229,6 +234,8 @@ std::vector<KindRows> table() {
       {kPingpongTmaStore, {{kSmall, kSaveH}, {kStoreStraddle, kSaveH}, {kAccumulate, kSaveH}}, {"deepseek-v3"}},
       {kClusterPair, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRaggedTma, kRecompute}}, {"qwen3-30b-a3b", "gpt-oss-20b"}},
       {kClusterPingpong, {{kSmall, kSaveH}, {kChunkedSkewed, kSaveH}}, {"qwen3-30b-a3b"}},
+      {kTwoSlab256, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRaggedTma, kRecompute}, {kStoreCols, kSaveH}},
+       {"qwen3-30b-a3b", "mixtral-8x7b"}},
   };
 }
 

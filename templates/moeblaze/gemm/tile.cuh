@@ -45,10 +45,15 @@ struct Tile {
   static constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;  // warp tile
   static constexpr int MT = WTM / 16, NT = WTN / 8;             // mma tiles per warp
   // Tile row of accumulator slab mt of warp row warp_m (then + lane/4, + 8 for the upper half):
-  // mma.sync warps own WTM consecutive rows; a wgmma warpgroup's m64 slab mt gives its warp w
-  // rows 64 mt + 16 w.
+  // mma.sync warps own WTM consecutive rows; wgmma warpgroup g (warps 4g..4g+3) owns MT m64
+  // slabs, rows [64 MT g, 64 MT (g+1)), and its slab mt gives its warp w rows 64 (MT g + mt) + 16 w
+  // (cooperative tiles: one or two slabs a warpgroup; ping-pong: one warpgroup, BM/64 slabs).
   MB_HD static constexpr int acc_row(int warp_m, int mt) {
-    return WGMMA ? mt * 64 + warp_m * 16 : warp_m * WTM + mt * 16;
+    // (with one slab per warpgroup, or one warpgroup, the general form equals mt*64 + warp_m*16,
+    // which is what those tiles compile: the compiler cannot fold warp_m / 4 for a signed warp_m)
+    return !WGMMA                        ? warp_m * WTM + mt * 16
+           : (MT == 1 || WARPS_M == 4) ? mt * 64 + warp_m * 16
+                                       : ((warp_m >> 2) * MT + mt) * 64 + (warp_m & 3) * 16;
   }
   static_assert(BM % (16 * WARPS_M) == 0 && BN % (8 * WARPS_N) == 0, "warp tile must be 16x8 multiples");
   static_assert(BK % 64 == 0 && BM % 64 == 0 && BN % 64 == 0, "tile sides must be multiples of 64");

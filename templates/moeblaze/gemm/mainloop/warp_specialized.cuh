@@ -178,8 +178,9 @@ MB_DEV void ws_consume(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], int k_size, b
 template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, class ASrc, class BSrc, class Role>
 MB_DEV void ws_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASrc& a_src, const BSrc& b_src,
                         int k_size, bf16_t* smem, WsPipe<Cfg>& pipe, Role) {
-  static_assert(Cfg::WARPS_N == 1 && Cfg::WTM == 16 * Cfg::MT && (Cfg::MT == 1 || Cfg::PINGPONG),
-                "wgmma tiles: one 16-row slab per warp and m64 slab (several slabs: ping-pong groups)");
+  static_assert(Cfg::WARPS_N == 1 && Cfg::WTM == 16 * Cfg::MT && Cfg::WARPS_M % 4 == 0 &&
+                    Cfg::BM == (Cfg::WARPS_M / 4) * Cfg::MT * 64,
+                "wgmma tiles: each consumer warpgroup owns MT whole m64 slabs, one 16-row slab per warp in each");
   static_assert(Cfg::BM % 64 == 0 && Cfg::BK == 64, "wgmma tiles: whole warpgroups, 64-wide k");
   static_assert(B_KMAJOR || Cfg::NB == 1, "stacked B tiles are K-major");
   if constexpr (Role::kLoads && Role::kComputes) {  // a one-tile block split here (router GEMMs)
