@@ -23,22 +23,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from baselines import torch_grouped_mm  # noqa: E402
+from measure import median_ms  # noqa: E402
 
 E, K, D, N = 256, 8, 7168, 2048
-
-
-def median_ms(fn, steps, warmup=2):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
-    for a, b in ev:
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    t = sorted(a.elapsed_time(b) for a, b in ev)
-    return t[len(t) // 2]
 
 
 def main():
@@ -95,7 +82,7 @@ def main():
         def run():
             prepare()
             step()
-        ms = median_ms(run, args.steps)
+        ms, _ = median_ms(run, args.steps)
         prepare()
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()

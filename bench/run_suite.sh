@@ -59,6 +59,10 @@ mkdir -p "$OUT"
 # files an earlier run saved skips that; this run saves what it compiled for the next.
 SONIC_SITE=${SONIC_SITE:-/tmp/sonic-site}
 QUACK_CACHE=$SONIC_SITE/quack_cache
+if [ -n "${MOEBLAZE_QUACK_RESTORE:-}" ] && [ ! -f "$MOEBLAZE_QUACK_RESTORE" ]; then
+  echo "run_suite: MOEBLAZE_QUACK_RESTORE=$MOEBLAZE_QUACK_RESTORE is not a file (a quack_cache_new.tgz of an earlier run)" >&2
+  exit 2
+fi
 if [ -n "${MOEBLAZE_QUACK_RESTORE:-}" ] && [ -d "$MOEBLAZE_PEERS/sonicmoe" ]; then
   bash "$MOEBLAZE_PEERS/sonicmoe/install.sh" "$SONIC_SITE" >/dev/null
   tar xzf "$MOEBLAZE_QUACK_RESTORE" -C "$QUACK_CACHE"

@@ -31,12 +31,14 @@ T* dptr(const TensorRef& t) {
   return reinterpret_cast<T*>(t.ptr);
 }
 
+int dtype_bytes(DType t) { return t == DType::bf16 ? 2 : 4; }
+
 // W3 (or dW3): its own tensor, or in a fused gate_up the rows n..2n of w1's first expert
 // (the kernels step 2n rows per expert from there).
 const void* second_part(const LayerConfig& l, const TensorRef& w1, const TensorRef& w3) {
   if (!l.fused_gate_up()) return reinterpret_cast<const void*>(w3.ptr);
   return reinterpret_cast<const void*>(w1.ptr + static_cast<CUdeviceptr>(l.shape.ffn) * l.shape.hidden *
-                                                    (w1.dtype == DType::f32 ? 4 : 2));
+                                                    dtype_bytes(w1.dtype));
 }
 
 }  // namespace
@@ -267,8 +269,8 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
       w2.b_ld = bs.hg_cols;
       attach_hg_map(w2, wt2, TK, cols, bs.hg_cols);
       // dW2's columns of this chunk (bf16, or an fp32 main gradient)
-      const int64_t grad_bytes = grad_output == GradOutput::add_f32 ? 4 : 2;
-      attach_output_maps(w2, wt2, E, d, cols, n, static_cast<const char*>(w2.out0) + c0 * grad_bytes, nullptr);
+      const char* chunk_out = static_cast<const char*>(w2.out0) + int64_t{c0} * dtype_bytes(a.dw2.dtype);
+      attach_output_maps(w2, wt2, E, d, cols, n, chunk_out, nullptr);
       ks.launch(KernelFamily::down_wgrad, E * ceil_div(d, wt2.bm) * ceil_div(cols, wt2.bn), w2, stream, a.observer);
     }
   }

@@ -67,12 +67,28 @@ MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const Sto
   }
 }
 
+// An fp32 main gradient goes through the TMA epilogue 64 rows at a time, which the bf16
+// staging buffer holds when the tile has 128 rows or more; smaller tiles keep the register
+// epilogue (gemm/epilogue/wgrad_store.cuh). The host encodes the maps by the same rule
+// (runtime/tma.cpp attach_output_maps).
+template <class Cfg>
+MB_DEV constexpr bool f32_slabs_fit() {
+  return Cfg::BM >= 128;
+}
+
+// Whether a TMA-store tile (Tile::TMA_STORE) writes this GradOutput through its staged TMA
+// epilogue: bf16 gradients, stored or reduce-added, and fp32 main gradients where the slabs fit.
+template <class Cfg>
+MB_DEV bool tma_epilogue(int grad_output) {
+  return grad_output != static_cast<int>(GradOutput::add_f32) || f32_slabs_fit<Cfg>();
+}
+
 // Consumers only: add the accumulator tile into an fp32 main gradient by TMA reduce-add. An fp32
 // tile is twice the bf16 staging buffer, so it goes 64 rows at a time (a slab: one cooperative
 // warpgroup's rows), each slab staged once the previous one's reductions have read the buffer.
 template <class Cfg>
 MB_DEV void tma_add_tile_f32(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const StoreTarget& to) {
-  static_assert(Cfg::TMA_STORE && Cfg::NB == 1 && Cfg::BM >= 128, "an fp32 slab fills a 128-row bf16 staging buffer");
+  static_assert(Cfg::TMA_STORE && Cfg::NB == 1 && f32_slabs_fit<Cfg>(), "an fp32 slab fills a 128-row bf16 staging buffer");
   float* out = reinterpret_cast<float*>(staging_buffer<Cfg>());
   const bool issuer = consumer_tid<Cfg>() == 0;
 #pragma unroll 1
@@ -97,11 +113,11 @@ MB_DEV void tma_add_tile_f32(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const S
     if (issuer) bulk_wait_all();
 }
 
-// Consumers only: the weight gradient of a TMA-store tile, by its GradOutput (see
-// gemm/epilogue/wgrad_store.cuh tma_epilogue for which go this way).
+// Consumers only: the weight gradient of a TMA-store tile, by its GradOutput (those that
+// tma_epilogue sends this way).
 template <class Cfg>
 MB_DEV void tma_wgrad_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const StoreTarget& to, int grad_output) {
-  if constexpr (Cfg::BM >= 128) {
+  if constexpr (f32_slabs_fit<Cfg>()) {
     if (grad_output == static_cast<int>(GradOutput::add_f32)) {
       tma_add_tile_f32<Cfg>(acc, to);
       return;

@@ -7,15 +7,6 @@
 
 namespace moeblaze::gemm {
 
-// Whether a TMA-store tile (Tile::TMA_STORE) writes this GradOutput through its staged TMA epilogue:
-// bf16 gradients, stored or reduce-added; fp32 main gradients reduce-added 64 rows at a time on
-// tiles of 128 rows or more (the host encodes the maps by the same rule: runtime/tma.cpp
-// attach_output_maps). Otherwise the register epilogue below.
-template <class Cfg>
-MB_DEV bool tma_epilogue(int grad_output) {
-  return grad_output != static_cast<int>(GradOutput::add_f32) || Cfg::BM >= 128;
-}
-
 // Bytes of one weight-gradient element for a GradOutput.
 MB_DEV int grad_bytes(int grad_output) { return grad_output == static_cast<int>(GradOutput::add_f32) ? 4 : 2; }
 
@@ -39,7 +30,5 @@ MB_DEV void store_wgrad(const float (&acc)[1][Cfg::MT][Cfg::NT][4], int m_valid,
     }
   });
 }
-
-// dW2_e = sum over slots of gather(dy)^T (g h): M = D, N = N, both operands gathered along k.
 
 }  // namespace moeblaze::gemm
