@@ -2,6 +2,7 @@
 // forward keeps for backward (SavedLayout) and the two calls' scratch. Internal to the
 // runtime: plan_memory sizes them, forward/backward place their arrays with them.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -76,6 +77,7 @@ struct ForwardScratch {
 struct BackwardScratch {
   int hg_cols;  // columns of hg: one backward column chunk (backward_chunk_cols)
   size_t H = 0, hg, partials, dxs, logits = 0, ids = 0, gates = 0, d_gates = 0, d_logits = 0, total;
+  size_t router_parts, union_bytes;  // the router weight gradient's split parts (router_wgrad_splits)
   BackwardScratch(const LayerConfig& l, int64_t T, CheckpointMode mode, int dgrad_bn) {
     const int64_t TK = T * l.shape.topk;
     const int E = l.shape.experts, G = l.gate_parts(), n = l.shape.ffn, d = l.shape.hidden;
@@ -87,11 +89,12 @@ struct BackwardScratch {
     hg_cols = backward_chunk_cols(l);
     hg = u.add(static_cast<size_t>(TK) * hg_cols * 2);
     partials = u.add(static_cast<size_t>(TK) * n_tiles * 4);
-    const size_t union_bytes = std::max(u.total, align_up(static_cast<size_t>(TK) * d * 2));
+    union_bytes = std::max(u.total, align_up(static_cast<size_t>(TK) * d * 2));
     const size_t union_at = b.add(union_bytes);
     hg += union_at;
     partials += union_at;
     dxs = union_at;
+    router_parts = union_at;  // between the gate grad and the up dgrad the region is free
     if (l.router != RouterKind::none) {
       logits = b.add(static_cast<size_t>(T) * E * 4);
       ids = b.add(TK * 4);
@@ -102,5 +105,26 @@ struct BackwardScratch {
     total = b.total;
   }
 };
+
+// Parts of the router weight gradient's reduction over tokens (router.cuh wgrad_gemm): enough
+// blocks for one wave (kRouterWgradBlocks, a constant so that the sums, and so the bits of
+// dW_r, are the same on every GPU), at least kRouterWgradMinTokens tokens a part, and fp32
+// parts [splits][E][d] that fit in `room` bytes. Every part is non-empty: the kernel cuts the
+// tokens into ranges of span = ceil(T / splits) rounded up to `bk`, and (splits - 1) * span < T.
+constexpr int kRouterWgradBlocks = 128;
+constexpr int64_t kRouterWgradMinTokens = 512;
+inline int router_wgrad_splits(int64_t T, int E, int d, int bm, int bn, int bk, size_t room) {
+  const int64_t tiles = ceil_div(padded_experts(E), bm) * ceil_div(d, bn);
+  int64_t s = std::max<int64_t>(1, kRouterWgradBlocks / tiles);
+  s = std::min(s, std::max<int64_t>(1, T / kRouterWgradMinTokens));
+  s = std::min<int64_t>(s, room / (static_cast<size_t>(E) * d * 4));
+  while (s > 1) {
+    const int64_t span = ceil_div(ceil_div(T, s), bk) * bk;
+    const int64_t used = ceil_div(T, span);
+    if (used == s) break;
+    s = used;
+  }
+  return static_cast<int>(std::max<int64_t>(1, s));
+}
 
 }  // namespace moeblaze::detail

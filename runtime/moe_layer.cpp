@@ -280,24 +280,9 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
     GateBiasGradArgs gb{rv.token_expert_indices, cptr(a.dy), cptr(a.bias_down), TK, d_gates};
     ks.launch(KernelFamily::gate_bias_grad, ceil_div(TK, 8), gb, stream, a.observer);
   }
-  const TileConfig& wt1 = ks.get(KernelFamily::gate_up_wgrad).generated.spec.tile;
-  WgradArgs w1{rv, H, cptr(a.x), dptr<void>(a.dw1), const_cast<void*>(second_part(l, a.dw1, a.dw3)), accumulate};
-  attach_dh_map(w1, wt1, TK, int64_t{G} * n);
-  attach_output_maps(w1, wt1, E, n, d, d, w1.out0, G == 2 ? w1.out1 : nullptr, l.w1_rows());
-  ks.launch(KernelFamily::gate_up_wgrad, E * ceil_div(G * n, wt1.bm) * ceil_div(d, wt1.bn), w1, stream, a.observer);
-  // 4. Token gradient: per-slot dx, then the fixed-order sum over each token's K slots.
-  const TileConfig& ud = ks.get(KernelFamily::gate_up_dgrad).generated.spec.tile;
-  GateUpDgradArgs udg{rv, H, cptr(a.w1), second_part(l, a.w1, a.w3), dptr<void>(a.scratch, bs.dxs)};
-  attach_weight_maps(udg, ud, l, TK);
-  ks.launch(KernelFamily::gate_up_dgrad, slot_tile_blocks(TK, ud.bm, ud.bn, E, d), udg, stream, a.observer);
-  CombineArgs sum{rv.token_index_map, nullptr, dptr<void>(a.scratch, bs.dxs), T, dptr<void>(a.dx)};
-  ks.launch(KernelFamily::combine, T, sum, stream, a.observer);
-  if (l.expert_bias) {  // from dH (still over H: nothing after the down dgrad writes there) and dy
-    BiasGradArgs bg{rv, H, cptr(a.dy), dptr<void>(a.d_bias_up), dptr<void>(a.d_bias_down), accumulate};
-    const int64_t blocks = E * (ceil_div(int64_t{G} * n, 256) + ceil_div(d, 256));  // bias_grads.cuh
-    ks.launch(KernelFamily::bias_grad, blocks, bg, stream, a.observer);
-  }
-  // 5. Router backward: d logits, then dx += d logits W_r and dW_r.
+  // 4. Router backward, while the union region is free (hg and the gate partials are dead, dxs
+  // not yet written): d logits, dx = d logits W_r (the combine below adds the experts' part),
+  // and dW_r, its reduction over tokens split into parts summed in a fixed order.
   if (l.router != RouterKind::none) {
     RouterBackwardArgs rb{dptr<float>(a.scratch, bs.logits), dptr<int>(a.scratch, bs.ids), d_gates, l.route_scale, T,
                           dptr<void>(a.scratch, bs.d_logits)};
@@ -306,9 +291,34 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
     RouterGemmArgs rdg{nullptr, cptr(a.w_router), dptr<void>(a.scratch, bs.d_logits), T, dptr<void>(a.dx), 0};
     ks.launch(KernelFamily::router_dgrad, ceil_div(T, rd.bm) * ceil_div(d, rd.bn), rdg, stream, a.observer);
     const TileConfig& rw = ks.get(KernelFamily::router_wgrad).generated.spec.tile;
+    const int splits = router_wgrad_splits(T, E, d, rw.bm, rw.bn, rw.bk, bs.union_bytes);
     RouterGemmArgs rwg{cptr(a.x), nullptr, dptr<void>(a.scratch, bs.d_logits), T, dptr<void>(a.dw_router),
-                       a.dw_router.dtype == DType::f32 ? 1 : 0};
-    ks.launch(KernelFamily::router_wgrad, ceil_div(padded_experts(E), rw.bm) * ceil_div(d, rw.bn), rwg, stream, a.observer);
+                       a.dw_router.dtype == DType::f32 ? 1 : 0, dptr<float>(a.scratch, bs.router_parts), splits, 0};
+    const int64_t tiles = ceil_div(padded_experts(E), rw.bm) * ceil_div(d, rw.bn);
+    ks.launch(KernelFamily::router_wgrad, tiles * splits, rwg, stream, a.observer);
+    if (splits > 1) {
+      rwg.pass = 1;  // the parts' sum: E d / 4 float4 lanes, one wave of blocks
+      ks.launch(KernelFamily::router_wgrad, kRouterWgradBlocks, rwg, stream, a.observer);
+    }
+  }
+  const TileConfig& wt1 = ks.get(KernelFamily::gate_up_wgrad).generated.spec.tile;
+  WgradArgs w1{rv, H, cptr(a.x), dptr<void>(a.dw1), const_cast<void*>(second_part(l, a.dw1, a.dw3)), accumulate};
+  attach_dh_map(w1, wt1, TK, int64_t{G} * n);
+  attach_output_maps(w1, wt1, E, n, d, d, w1.out0, G == 2 ? w1.out1 : nullptr, l.w1_rows());
+  ks.launch(KernelFamily::gate_up_wgrad, E * ceil_div(G * n, wt1.bm) * ceil_div(d, wt1.bn), w1, stream, a.observer);
+  // 5. Token gradient: per-slot dx, then the fixed-order sum over each token's K slots (added
+  // onto the router's part of dx where there is a router).
+  const TileConfig& ud = ks.get(KernelFamily::gate_up_dgrad).generated.spec.tile;
+  GateUpDgradArgs udg{rv, H, cptr(a.w1), second_part(l, a.w1, a.w3), dptr<void>(a.scratch, bs.dxs)};
+  attach_weight_maps(udg, ud, l, TK);
+  ks.launch(KernelFamily::gate_up_dgrad, slot_tile_blocks(TK, ud.bm, ud.bn, E, d), udg, stream, a.observer);
+  CombineArgs sum{rv.token_index_map, nullptr, dptr<void>(a.scratch, bs.dxs), T, dptr<void>(a.dx),
+                  l.router != RouterKind::none ? 1 : 0};
+  ks.launch(KernelFamily::combine, T, sum, stream, a.observer);
+  if (l.expert_bias) {  // from dH (still over H: nothing after the down dgrad writes there) and dy
+    BiasGradArgs bg{rv, H, cptr(a.dy), dptr<void>(a.d_bias_up), dptr<void>(a.d_bias_down), accumulate};
+    const int64_t blocks = E * (ceil_div(int64_t{G} * n, 256) + ceil_div(d, 256));  // bias_grads.cuh
+    ks.launch(KernelFamily::bias_grad, blocks, bg, stream, a.observer);
   }
 }
 

@@ -100,6 +100,7 @@ struct CombineArgs {     // y_t = sum_j g_tj * rows[token_index_map[t,j]]; also 
   const void* rows;      // [T*K, d]
   i64 tokens;
   void* out;             // [T,d] bf16
+  int add_to_out;        // 1: out += the sum (the token gradient onto the router's part of dx)
 };
 
 struct DownDgradArgs {
@@ -173,8 +174,13 @@ struct RouterGemmArgs {
   const void* w_router;  // [E,d]
   const void* d_logits;  // [T,E_pad] bf16 (backward)
   i64 tokens;
-  void* out;             // logits: [T,E] fp32; dgrad: dx [T,d] bf16 (added); wgrad: dW_r [E,d]
+  void* out;             // logits: [T,E] fp32; dgrad: dx [T,d] bf16; wgrad: dW_r [E,d]
   int accumulate_fp32;   // wgrad: 1 adds into an fp32 dW_r
+  // wgrad with its reduction over tokens split in `splits` parts (router_wgrad_splits): pass 0
+  // writes each part's fp32 tile to partials [splits][E][d], pass 1 sums them in part order.
+  float* partials;
+  int splits;
+  int pass;
 };
 
 }  // namespace moeblaze

@@ -1,5 +1,5 @@
 // Token-major gather-sums through token_index_map: the combine (y_t = sum_j g_tj o_tj),
-// the token gradient (dx_t = sum_j dx_slot) and the gate-gradient reduction. Each output
+// the token gradient (dx_t += sum_j dx_slot, onto the router's part) and the gate-gradient reduction. Each output
 // element is summed by one thread in a fixed order: no atomics, bitwise reproducible.
 #pragma once
 #include "moeblaze/device.cuh"
@@ -26,6 +26,16 @@ MB_DEV void combine(const CombineArgs& p) {
   bf16_t* out = static_cast<bf16_t*>(p.out) + t * D;
   for (int c = threadIdx.x * 8; c < D; c += COMBINE_THREADS * 8) {
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (p.add_to_out) {  // the slot sum added after what is there, in the same order every run
+      const uint4 v = *reinterpret_cast<const uint4*>(out + c);
+      const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(h2[i]);
+        acc[2 * i] = f.x;
+        acc[2 * i + 1] = f.y;
+      }
+    }
 #pragma unroll
     for (int j = 0; j < K; ++j) {
       const uint4 v = *reinterpret_cast<const uint4*>(rows + static_cast<i64>(pos[j]) * D + c);

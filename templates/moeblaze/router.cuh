@@ -176,7 +176,8 @@ MB_DEV void logits_gemm(const RouterGemmArgs& p) {
   });
 }
 
-// dx [T,D] += dlogits [T,EP] W_r [E,D] (added to the expert part already in dx).
+// dx [T,D] = dlogits [T,EP] W_r [E,D]: stored, and the expert part is added onto it by the
+// token-gradient combine (a store here costs half the memory traffic of a read-add-write).
 template <class Cfg, int E, int D>
 MB_DEV void dgrad_gemm(const RouterGemmArgs& p) {
   constexpr int EP = padded_experts(E);
@@ -192,29 +193,66 @@ MB_DEV void dgrad_gemm(const RouterGemmArgs& p) {
   gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
     const int col = n0 + c;
     if (r >= rows || col >= D) return;
-    bf16_t* o = dx + (m0 + r) * D + col;
-    const float2 prev = load_bf16x2(o);
-    store_bf16x2(o, prev.x + v0, prev.y + v1);
+    store_bf16x2(dx + (m0 + r) * D + col, v0, v1);
   });
 }
 
-// dW_r [E,D] = dlogits^T x, reduction over all T tokens.
+// dW_r [E,D] = dlogits^T x, reduced over all T tokens. With p.splits > 1 the reduction is cut
+// into that many token ranges (multiples of BK): pass 0 (blocks: tiles x splits) writes each
+// range's fp32 tile to p.partials, pass 1 sums the parts in range order, so the result does not
+// depend on which block ran first. A 128-row tile over E <= 256 rows has few tiles (qwen3-30b-a3b:
+// 8 for 132 SMs), each reducing over every token, without the split.
+template <class Cfg, int E, int D>
+MB_DEV void wgrad_sum_parts(const RouterGemmArgs& p) {
+  constexpr i64 N4 = static_cast<i64>(E) * D / 4;
+  static_assert(D % 4 == 0, "float4 parts");
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < N4; i += stride) {
+    float4 s = reinterpret_cast<const float4*>(p.partials)[i];
+    for (int part = 1; part < p.splits; ++part) {
+      const float4 v = reinterpret_cast<const float4*>(p.partials)[part * N4 + i];
+      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+    }
+    if (p.accumulate_fp32) {
+      float4* o = reinterpret_cast<float4*>(p.out) + i;
+      float4 prev = *o;
+      prev.x += s.x; prev.y += s.y; prev.z += s.z; prev.w += s.w;
+      *o = prev;
+    } else {
+      bf16_t* o = static_cast<bf16_t*>(p.out) + 4 * i;
+      store_bf16x2(o, s.x, s.y);
+      store_bf16x2(o + 2, s.z, s.w);
+    }
+  }
+}
+
 template <class Cfg, int E, int D>
 MB_DEV void wgrad_gemm(const RouterGemmArgs& p) {
+  if (p.pass == 1) return wgrad_sum_parts<Cfg, E, D>(p);
   constexpr int EP = padded_experts(E);
   constexpr int TN = (D + Cfg::BN - 1) / Cfg::BN;
-  const int m0 = (blockIdx.x / TN) * Cfg::BM;
-  const int n0 = (blockIdx.x % TN) * Cfg::BN;
-  const int tokens = static_cast<int>(p.tokens);
-  const gemm::Rows a{static_cast<const bf16_t*>(p.d_logits) + m0, nullptr, tokens, EP, EP - m0};
-  const gemm::Rows b{static_cast<const bf16_t*>(p.x) + n0, nullptr, tokens, D, D - n0};
+  constexpr int TM = (EP + Cfg::BM - 1) / Cfg::BM;
+  const int tile = blockIdx.x % (TM * TN), part = blockIdx.x / (TM * TN);
+  const int m0 = (tile / TN) * Cfg::BM;
+  const int n0 = (tile % TN) * Cfg::BN;
+  const int splits = p.splits > 1 ? p.splits : 1;
+  const i64 per_part = (p.tokens + splits - 1) / splits;
+  const i64 span = (per_part + Cfg::BK - 1) / Cfg::BK * Cfg::BK;
+  const i64 t0 = part * span;
+  const int tokens = static_cast<int>((p.tokens - t0 < span ? p.tokens - t0 : span));
+  const gemm::Rows a{static_cast<const bf16_t*>(p.d_logits) + t0 * EP + m0, nullptr, tokens, EP, EP - m0};
+  const gemm::Rows b{static_cast<const bf16_t*>(p.x) + t0 * D + n0, nullptr, tokens, D, D - n0};
   float acc[1][Cfg::MT][Cfg::NT][4];
   gemm::run_mainloop<Cfg, false, false>(acc, a, b, tokens, gemm::dynamic_smem());
+  float* parts = splits > 1 ? p.partials + static_cast<i64>(part) * E * D : nullptr;
   gemm::for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
     const int row = m0 + r, col = n0 + c;
     if (row >= E || col >= D) return;
     const i64 i = static_cast<i64>(row) * D + col;
-    if (p.accumulate_fp32) {
+    if (parts) {
+      parts[i] = v0;
+      parts[i + 1] = v1;
+    } else if (p.accumulate_fp32) {
       float* o = static_cast<float*>(p.out) + i;
       o[0] += v0;
       o[1] += v1;

@@ -19,6 +19,7 @@
 #include "generator/heuristics.hpp"
 #include "runtime/cache_keys.hpp"
 #include "runtime/kernel_build.hpp"
+#include "runtime/layer_buffers.hpp"
 #include "runtime/moe_layer.hpp"
 
 using namespace moeblaze;
@@ -157,4 +158,27 @@ TEST_CASE("build_kernels: a failing spec is recorded and the others are built, c
     for (const BuiltKernel& k : c) CHECK_FALSE(k.compiled.ptx.empty());
   }
   fs::remove_all(dir);
+}
+
+TEST_CASE("router_wgrad_splits: every part holds tokens, the parts fit their room, one wave of blocks") {
+  using detail::ceil_div;
+  for (int64_t T : {int64_t{1}, int64_t{100}, int64_t{513}, int64_t{4096}, int64_t{16384}, int64_t{32768}, int64_t{1} << 20})
+    for (int E : {8, 128, 256, 512})
+      for (int d : {64, 2048, 2880, 7168})
+        for (size_t room : {size_t{0}, size_t{1} << 20, size_t{1} << 30}) {
+          const int bm = 128, bn = 256, bk = 64;
+          const int s = detail::router_wgrad_splits(T, E, d, bm, bn, bk, room);
+          CAPTURE(T); CAPTURE(E); CAPTURE(d); CAPTURE(room); CAPTURE(s);
+          REQUIRE(s >= 1);
+          if (s == 1) continue;
+          const int64_t span = ceil_div(ceil_div(T, s), bk) * bk;  // router.cuh wgrad_gemm's ranges
+          CHECK((s - 1) * span < T);                                 // the last part is not empty
+          CHECK(static_cast<size_t>(s) * E * d * 4 <= room);
+          CHECK(T / s >= detail::kRouterWgradMinTokens - bk);
+          const int64_t tiles = ceil_div(detail::padded_experts(E), bm) * ceil_div(d, bn);
+          CHECK(tiles * s <= detail::kRouterWgradBlocks);
+        }
+  // The suite's router layers: qwen3-30b-a3b (8 tiles) splits 16 ways, deepseek-v3 (56) twice.
+  CHECK(detail::router_wgrad_splits(32768, 128, 2048, 128, 256, 64, size_t{1} << 30) == 16);
+  CHECK(detail::router_wgrad_splits(16384, 256, 7168, 128, 256, 64, size_t{1} << 30) == 2);
 }
