@@ -23,6 +23,11 @@ bool fits_192_better(KernelFamily family, const LayerConfig& layer) {
 // (measured down to d = 2048; shorter reductions are unmeasured and keep the `_wgmma` tile).
 constexpr int kLongDgradReduction = 2048;
 
+// down_proj's and gate_up_dgrad's reduction length (n, G n) up to which the TMA-store
+// persistent tile is their default: 48 k-steps, between the longest measured win (45) and the
+// shortest measured loss (64).
+constexpr int kShortSlotReduction = 48 * 64;
+
 bool few_slots_per_expert(const LayerConfig& layer, int64_t tokens) {
   const int64_t E = layer.shape.experts, K = layer.shape.topk;
   return tokens > 0 ? tokens * K <= 2048 * E : E >= 8 * K;
@@ -59,9 +64,28 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
       }
       return tma(wgmma_tile(128, 256, 4, mainloop));
     };
+    // The per-slot outputs (down_proj's o, gate_up_dgrad's dxs) on short reductions: the
+    // TMA-store epilogue on a persistent tile, whose 3 stages leave room for the staging
+    // buffer and whose consumers start the next tile while the stores drain
+    // (gemm/epilogue/row_store.cuh). Against the 4-stage tiles (ms; k-steps of 64 a tile):
+    // down_proj qwen3-30b-a3b (12) 2.006 -> 1.553, deepseek-v3 (32) 8.269 -> 8.102, gpt-oss-20b
+    // (45, 128x192) 1.880 -> 1.849, mixtral-8x7b (224) 5.818 -> 6.216; gate_up_dgrad (from
+    // `_ws`) qwen3-30b-a3b (24) 3.082 -> 2.772, deepseek-v3 (64) 13.743 -> 14.633, gpt-oss-20b
+    // (90) 3.396 -> 3.746, mixtral-8x7b (448) 11.383 -> 12.174. On long reductions the fourth
+    // stage is worth more than the overlap, as for the weight gradients. Where the layer
+    // cannot take it (expert biases on down_proj, no TMA loads) the 4-stage tile stays.
+    auto slot_rows_tile = [&](Mainloop mainloop) {
+      const TileConfig wide = wide_tile(mainloop);
+      const int reduction = family == KernelFamily::down_proj ? layer.shape.ffn : layer.gate_parts() * layer.shape.ffn;
+      if (reduction > kShortSlotReduction) return wide;
+      TileConfig staged = wgmma_tile(wide.bm, wide.bn, 3, Mainloop::persistent);
+      staged.tma_contiguous = wide.tma_contiguous;
+      staged.tma_store = true;
+      return legality_problem(KernelSpec{family, layer, staged, arch}).empty() ? staged : wide;
+    };
     switch (family) {
       case KernelFamily::gate_up: return tma(wgmma_tile(128, 128, 4, Mainloop::persistent));  // gated: 2 x 128 columns
-      case KernelFamily::down_proj: return wide_tile(Mainloop::persistent);
+      case KernelFamily::down_proj: return slot_rows_tile(Mainloop::persistent);
       case KernelFamily::gate_up_wgrad:
       case KernelFamily::down_wgrad: {
         // The TMA-store epilogue (_tmastore): the consumers stage the tile in shared memory and
@@ -84,7 +108,7 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
           return staged;
         return tma(wgmma_tile(128, 256, 4, Mainloop::persistent));
       }
-      case KernelFamily::gate_up_dgrad: return wide_tile(Mainloop::warp_specialized);
+      case KernelFamily::gate_up_dgrad: return slot_rows_tile(Mainloop::warp_specialized);
       case KernelFamily::down_dgrad: {
         // Long reductions (d >= 2048: 32 k-steps of 64 or more): the persistent 128x256 tile,
         // whose mainloop has twice the math per gathered row of the 128x128 one and whose

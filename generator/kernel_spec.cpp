@@ -390,9 +390,15 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
       return "cluster pairs split MN-major weight stages by 64-column boxes: bn a multiple of 128";
   }
   if (t.tma_store) {
-    if (spec.family != KernelFamily::gate_up_wgrad && spec.family != KernelFamily::down_wgrad)
-      return "TMA-store epilogues (_tmastore) are for the weight gradients";
+    const bool wgrad = spec.family == KernelFamily::gate_up_wgrad || spec.family == KernelFamily::down_wgrad;
+    const bool slot_rows = spec.family == KernelFamily::down_proj || spec.family == KernelFamily::gate_up_dgrad;
+    if (!wgrad && !slot_rows)
+      return "TMA-store epilogues (_tmastore) are for the weight gradients, down_proj and gate_up_dgrad";
     if (!t.warp_specialized()) return "TMA-store epilogues are for warp-specialised tiles (_ws, _persist, _pingpong)";
+    if (slot_rows && (t.cluster_m != 1 || !t.tma_contiguous))
+      return "TMA-store epilogues of per-slot outputs are for TMA tiles (_tmacontig) without clusters";
+    if (spec.family == KernelFamily::down_proj && spec.layer.expert_bias)
+      return "down_proj's TMA-store epilogue does not add expert biases";
     // Output rows 16-byte aligned for the [E][rows][cols] maps: dW2 rows are n wide, dW1/dW3 d.
     const int cols = spec.family == KernelFamily::down_wgrad ? spec.layer.shape.ffn : spec.layer.shape.hidden;
     if (cols % 8) return "TMA-store epilogues need output rows of a multiple of 8 elements (16 bytes)";

@@ -163,6 +163,7 @@ ForwardState MoeLayer::forward(const ForwardArgs& a, CUstream stream) const {
                     dptr<void>(a.scratch, fs.o)};
   down.bias = reinterpret_cast<const void*>(a.bias_down.ptr);
   attach_weight_maps(down, dt, l, fs.chunk_slots);
+  attach_output_map(down, dt, l, TK);
   if (fs.chunk_slots >= TK) {
     ks.launch(KernelFamily::gate_up, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream, a.observer);
     ks.launch(KernelFamily::down_proj, slot_tile_blocks(TK, dt.bm, dt.bn, E, d), down, stream, a.observer);
@@ -311,6 +312,7 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
   const TileConfig& ud = ks.get(KernelFamily::gate_up_dgrad).generated.spec.tile;
   GateUpDgradArgs udg{rv, H, cptr(a.w1), second_part(l, a.w1, a.w3), dptr<void>(a.scratch, bs.dxs)};
   attach_weight_maps(udg, ud, l, TK);
+  attach_output_map(udg, ud, l, TK);
   ks.launch(KernelFamily::gate_up_dgrad, slot_tile_blocks(TK, ud.bm, ud.bn, E, d), udg, stream, a.observer);
   CombineArgs sum{rv.token_index_map, nullptr, dptr<void>(a.scratch, bs.dxs), T, dptr<void>(a.dx),
                   l.router != RouterKind::none ? 1 : 0};

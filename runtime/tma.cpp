@@ -123,6 +123,16 @@ void attach_weight_maps(GateUpDgradArgs& ud, const TileConfig& t, const LayerCon
   if (ud.w3)
     ud.tma_w3 = encode_weight_map(reinterpret_cast<CUdeviceptr>(ud.w3), w3_map_rows(l), l.shape.hidden, 64, "w3");
 }
+void attach_output_map(DownProjArgs& down, const TileConfig& t, const LayerConfig& l, int64_t slots) {
+  if (t.tma_store)
+    down.tma_o = encode_output_map(reinterpret_cast<CUdeviceptr>(down.o), 1, slots, l.shape.hidden, l.shape.hidden,
+                                   t.bm, "o");
+}
+void attach_output_map(GateUpDgradArgs& ud, const TileConfig& t, const LayerConfig& l, int64_t slots) {
+  if (t.tma_store)
+    ud.tma_dxs = encode_output_map(reinterpret_cast<CUdeviceptr>(ud.dxs), 1, slots, l.shape.hidden, l.shape.hidden,
+                                   t.bm, "dxs");
+}
 // gate_up_wgrad reads dH (A: [T*K, G*n]), down_wgrad hg (B: [T*K, cols], rows ld apart) by TMA.
 void attach_dh_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols) {
   if (t.tma_contiguous) w.tma_a = encode_weight_map(reinterpret_cast<CUdeviceptr>(w.a), slots, cols, 64, "dH");

@@ -56,6 +56,10 @@ void attach_weight_maps(GateUpArgs& up, const TileConfig& t, const LayerConfig& 
 void attach_weight_maps(DownProjArgs& down, const TileConfig& t, const LayerConfig& l, int64_t h_rows);
 void attach_weight_maps(DownDgradArgs& dd, const TileConfig& t, const LayerConfig& l);
 void attach_weight_maps(GateUpDgradArgs& ud, const TileConfig& t, const LayerConfig& l, int64_t slots);
+// "_tmastore" tiles of the per-slot outputs (o of down_proj, dxs of gate_up_dgrad: [slots, d]):
+// the output map, [1][slots][d] with [bm][64] boxes (nothing for other tiles).
+void attach_output_map(DownProjArgs& down, const TileConfig& t, const LayerConfig& l, int64_t slots);
+void attach_output_map(GateUpDgradArgs& ud, const TileConfig& t, const LayerConfig& l, int64_t slots);
 // gate_up_wgrad reads dH (A: [slots, cols]), down_wgrad hg (B: [slots, cols], rows ld apart).
 void attach_dh_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols);
 void attach_hg_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols, int64_t ld);

@@ -44,6 +44,15 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
     }
     add(with_tma(wgmma_tile(128, 256, 4, Mainloop::persistent)));
   }
+  // The per-slot outputs (down_proj, gate_up_dgrad): the TMA-store persistent tile and the
+  // 4-stage one, whichever the default is not (the default picks by reduction length).
+  if (has_wgmma(arch) && (family == KernelFamily::down_proj || family == KernelFamily::gate_up_dgrad)) {
+    TileConfig staged = wgmma_tile(def.bm, def.bn, 3, Mainloop::persistent);
+    staged.tma_contiguous = staged.tma_store = true;
+    add(staged);
+    add(with_tma(wgmma_tile(def.bm, def.bn, 4, family == KernelFamily::down_proj ? Mainloop::persistent
+                                                                              : Mainloop::warp_specialized)));
+  }
   // The other tile order of the default (`add` keeps it for the expert GEMMs' wgmma tiles).
   if (has_wgmma(arch)) {
     TileConfig other_order = def;

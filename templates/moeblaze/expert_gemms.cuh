@@ -70,7 +70,10 @@ MB_DEV void down_proj(const DownProjArgs& p) {
         p.slot_hi > 0
             ? gemm::chunk_slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, D, Cfg::ALT_ORDER>(tile, p.rv.expert_token_offsets, p.slot_lo, p.slot_hi)
             : gemm::slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, D, Cfg::ALT_ORDER>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
-    if (!pair.valid) return false;
+    if (!pair.valid) {
+      if constexpr (decltype(role)::kConsumer) gemm::tma_store_drain<Cfg>();
+      return false;
+    }
     const gemm::SlotTile t = gemm::cluster_half<Cfg>(pair);
     const bf16_t* h = static_cast<const bf16_t*>(p.h);
     const bf16_t* w2 = static_cast<const bf16_t*>(p.w2);
@@ -87,7 +90,7 @@ MB_DEV void down_proj(const DownProjArgs& p) {
       gemm::run_mainloop<Cfg, true, true>(acc, a, b, N, gemm::dynamic_smem(), pipe, role);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
-    gemm::store_slot_rows<Cfg, D, BIAS>(acc, static_cast<bf16_t*>(p.o), t, p.bias);
+    gemm::store_slot_tile<Cfg, D, BIAS>(acc, static_cast<bf16_t*>(p.o), &p.tma_o, t, p.bias);
     return true;
   });
 }
@@ -230,7 +233,10 @@ MB_DEV void gate_up_dgrad(const GateUpDgradArgs& p) {
   constexpr int G = gate_parts<ACT>();
   gemm::for_each_tile<Cfg>([&](int tile, auto& pipe, auto role) {
     const gemm::SlotTile pair = gemm::slot_tile<Cfg::BM * Cfg::CLUSTER, Cfg::BN, E, D, Cfg::ALT_ORDER>(tile, p.rv.tile_prefix, p.rv.expert_token_offsets);
-    if (!pair.valid) return false;
+    if (!pair.valid) {
+      if constexpr (decltype(role)::kConsumer) gemm::tma_store_drain<Cfg>();
+      return false;
+    }
     const gemm::SlotTile t = gemm::cluster_half<Cfg>(pair);
     const bf16_t* dH = static_cast<const bf16_t*>(p.dH);
     const i64 w_off = static_cast<i64>(t.expert) * W_ROWS * D + t.n0;
@@ -252,7 +258,7 @@ MB_DEV void gate_up_dgrad(const GateUpDgradArgs& p) {
       gemm::run_mainloop<Cfg, true, false>(acc, a, b, G * N, gemm::dynamic_smem(), pipe, role);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
-    gemm::store_slot_rows<Cfg, D>(acc, static_cast<bf16_t*>(p.dxs), t);
+    gemm::store_slot_tile<Cfg, D>(acc, static_cast<bf16_t*>(p.dxs), &p.tma_dxs, t);
     return true;
   });
 }

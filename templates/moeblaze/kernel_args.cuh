@@ -92,6 +92,7 @@ struct DownProjArgs {
   int slot_lo, slot_hi;  // slot_hi > 0: only the slots [slot_lo, slot_hi); h row = slot - slot_lo
   TmaMap tma_h;          // TMA tiles only: h as [rows of the h buffer, n], box [BM rows][64 k]
   const void* bias;      // BIAS layers: [E, d] bf16, added to o
+  TmaMap tma_o;          // TMA-store tiles only: o as [1][T*K][d], box [1][BM][64]
 };
 
 struct CombineArgs {     // y_t = sum_j g_tj * rows[token_index_map[t,j]]; also dx gather-sum
@@ -148,6 +149,7 @@ struct GateUpDgradArgs {
   void* dxs;             // [T*K, d] per-slot dx
   TmaMap tma_dh;         // TMA tiles only: dH as [T*K, G*n], box [BM rows][64 k]
   TmaMap tma_w1, tma_w3;  // TMA tiles only: W1, W3 as [E*n, d], boxes [64 k][64 columns]
+  TmaMap tma_dxs;        // TMA-store tiles only: dxs as [1][T*K][d], box [1][BM][64]
 };
 
 // ---- expert biases (BIAS layers) -----------------------------------------------------------

@@ -466,8 +466,8 @@ TEST_CASE("generator: 192-column wgmma tiles compile for the expert GEMMs (m64n1
     return t;
   };
   const TileConfig persist = narrow(default_tile(KernelFamily::down_proj, gpt, Arch::sm_90a));
-  CHECK(persist.to_string() == "128x192x64_w8x1_s4_persist_tmacontig");
-  CHECK(TileConfig::parse("128x192x64_w8x1_s4_persist_tmacontig") == persist);
+  CHECK(persist.to_string() == "128x192x64_w8x1_s3_persist_tmacontig_tmastore");  // short reduction: TMA-store
+  CHECK(TileConfig::parse("128x192x64_w8x1_s3_persist_tmacontig_tmastore") == persist);
   std::vector<KernelSpec> specs;
   for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::gate_up_dgrad, KernelFamily::gate_up_wgrad})
     specs.push_back({f, gpt, narrow(default_tile(f, gpt, Arch::sm_90a)), Arch::sm_90a});
@@ -492,7 +492,7 @@ TEST_CASE("generator: 192-column wgmma tiles compile for the expert GEMMs (m64n1
             .find("need TMA") != std::string::npos);
 }
 
-TEST_CASE("generator: _tmastore tiles (TMA-store epilogue) compile for both weight gradients of every suite shape") {
+TEST_CASE("generator: _tmastore tiles (TMA-store epilogue) compile for the weight gradients and the per-slot outputs of every suite shape") {
   auto tstore = [](TileConfig t) {
     t.tma_contiguous = t.tma_store = true;
     return t;
@@ -513,8 +513,17 @@ TEST_CASE("generator: _tmastore tiles (TMA-store epilogue) compile for both weig
   TileConfig four = wide;
   four.stages = 4;  // four stages and the staging buffer exceed the shared memory
   CHECK(legality_problem(KernelSpec{KernelFamily::gate_up_wgrad, q, four, Arch::sm_90a}).find("shared memory") != std::string::npos);
-  for (KernelFamily f : {KernelFamily::gate_up, KernelFamily::down_dgrad, KernelFamily::gate_up_dgrad})
+  for (KernelFamily f : {KernelFamily::gate_up, KernelFamily::down_dgrad})
     CHECK(legality_problem(KernelSpec{f, q, wide, Arch::sm_90a}).find("weight gradients") != std::string::npos);
+  // The per-slot outputs take it with TMA loads, no clusters, and (down_proj) no expert biases.
+  for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::gate_up_dgrad}) {
+    CHECK(legality_problem(KernelSpec{f, q, wide, Arch::sm_90a}).empty());
+    CHECK(legality_problem(KernelSpec{f, q, one, Arch::sm_90a}).find("_tmacontig") != std::string::npos);
+  }
+  LayerConfig biased = q;
+  biased.expert_bias = true;
+  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, biased, wide, Arch::sm_90a}).find("biases") != std::string::npos);
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up_dgrad, biased, wide, Arch::sm_90a}).empty());
   TileConfig multistage = wgmma_tile(128, 128, 3);
   multistage.tma_store = true;
   CHECK(legality_problem(KernelSpec{KernelFamily::gate_up_wgrad, q, multistage, Arch::sm_90a}).find("warp-specialised") !=
@@ -525,7 +534,9 @@ TEST_CASE("generator: _tmastore tiles (TMA-store epilogue) compile for both weig
       const std::vector<KernelSpec> specs{{KernelFamily::gate_up_wgrad, p.layer, wide, Arch::sm_90a},
                                           {KernelFamily::down_wgrad, p.layer, wide, Arch::sm_90a},
                                           {KernelFamily::gate_up_wgrad, p.layer, narrow, Arch::sm_90a},
-                                          {KernelFamily::down_wgrad, p.layer, one, Arch::sm_90a}};
+                                          {KernelFamily::down_wgrad, p.layer, one, Arch::sm_90a},
+                                          {KernelFamily::down_proj, p.layer, wide, Arch::sm_90a},
+                                          {KernelFamily::gate_up_dgrad, p.layer, wide, Arch::sm_90a}};
       for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), legality_problem(s));
       const auto built = compile_all(specs, 0, true);
       check_compiled_without_spills(built);
@@ -534,8 +545,10 @@ TEST_CASE("generator: _tmastore tiles (TMA-store epilogue) compile for both weig
         CHECK(b.generated.source.text.find("__grid_constant__") != std::string::npos);
         CHECK(b.compiled.ptx.find("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group") != std::string::npos);
         // bf16 gradient accumulation adds the staged tile into the existing gradient in L2
-        CHECK(b.compiled.ptx.find("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group") !=
-              std::string::npos);
+        const KernelFamily f = b.generated.spec.family;
+        if (f == KernelFamily::gate_up_wgrad || f == KernelFamily::down_wgrad)
+          CHECK(b.compiled.ptx.find("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group") !=
+                std::string::npos);
         CHECK(b.compiled.ptx.find("cp.async.bulk.commit_group") != std::string::npos);
         CHECK(b.compiled.ptx.find("cp.async.bulk.wait_group") != std::string::npos);
         CHECK(b.compiled.ptx.find("fence.proxy.async.shared::cta") != std::string::npos);

@@ -189,6 +189,11 @@ const TileKind kClusterPair = from_defaults("cluster-pair", "slot-tiled GEMMs: t
 const TileKind kTwoSlab256 = forced("two-slab-256", "down_proj, gate_up_dgrad: 256x128, two m64 slabs a warpgroup, TMA loads",
                                     {"down_proj=256x128x64_w8x1_s4_persist_tmacontig",
                                      "gate_up_dgrad=256x128x64_w8x1_s4_ws_tmacontig"});
+// The per-slot outputs (down_proj's o, gate_up_dgrad's dxs) by the TMA-store epilogue: full
+// tiles by TMA, an expert's last partial tile by register stores (skewed and ragged shapes mix both).
+const TileKind kSlotTmaStore = forced("slot-tmastore", "down_proj, gate_up_dgrad: TMA-store epilogue, persistent 128x256",
+                                      {"down_proj=128x256x64_w8x1_s3_persist_tmacontig_tmastore",
+                                       "gate_up_dgrad=128x256x64_w8x1_s3_persist_tmacontig_tmastore"});
 const TileKind kClusterPingpong = pingpong_kind("cluster-pingpong", "slot-tiled GEMMs: ping-pong 64x256 as a cluster pair",
                                                 64, 256, 5, false, 2);
 
@@ -234,6 +239,9 @@ std::vector<KindRows> table() {
       {kPingpongTmaStore, {{kSmall, kSaveH}, {kStoreStraddle, kSaveH}, {kAccumulate, kSaveH}}, {"deepseek-v3"}},
       {kClusterPair, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRaggedTma, kRecompute}}, {"qwen3-30b-a3b", "gpt-oss-20b"}},
       {kClusterPingpong, {{kSmall, kSaveH}, {kChunkedSkewed, kSaveH}}, {"qwen3-30b-a3b"}},
+      {kSlotTmaStore,
+       {{kSkewed, kSaveH}, {kSmall, kRecompute}, {kRaggedTma, kSaveH}, {kStoreCols, kSaveH}, {kSkewedSilu, kSaveH}},
+       {"mixtral-8x7b", "gpt-oss-20b"}},
       {kTwoSlab256, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRaggedTma, kRecompute}, {kStoreCols, kSaveH}},
        {"qwen3-30b-a3b", "mixtral-8x7b"}},
   };
