@@ -18,6 +18,8 @@
 # Environment: BUILD (default build), MOEBLAZE_PEERS (default .peers), MOEBLAZE_CACHE (default
 # /tmp/moeblaze-cache.db: a warm cache from an earlier step of the same call saves NVRTC time),
 # SONIC_SITE / MB_SITE (where the peers unpack, default /tmp/sonic-site, /tmp/mb-site),
+# MOEBLAZE_COMMIT (what results.json records as the commit; default: git describe --dirty of this
+# checkout, which is stale where the checkout's files were copied over an older .git),
 # MOEBLAZE_QUACK_RESTORE (a quack_cache_new.tgz an earlier run wrote: SonicMoE's QuACK kernels
 # that its payload lacks, compiled once; without it the first SonicMoE backward compiles them,
 # 2-3.5 minutes).
@@ -28,7 +30,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ] || [ "${1#-}" != "$1" ]; then
-  sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 OUT=$1

@@ -55,8 +55,13 @@ def kernel_breakdown(name, T):
 
 
 def commit():
+    """The commit the run measures: MOEBLAZE_COMMIT when set (a copied checkout's .git may be older
+    than its files: set it where the copy is made, e.g. to `git describe --always --dirty`), else
+    git's HEAD, marked -dirty when tracked files differ from it."""
+    if os.environ.get("MOEBLAZE_COMMIT"):
+        return os.environ["MOEBLAZE_COMMIT"]
     try:
-        return subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
+        return subprocess.run(["git", "-C", str(HERE), "describe", "--always", "--dirty"], capture_output=True,
                               text=True, timeout=10).stdout.strip() or None
     except Exception:  # noqa: BLE001 - the checkout on the GPU machine may have no git
         return None
