@@ -185,7 +185,7 @@ std::string TileConfig::to_string() const {
   for (const MainloopName& m : kMainloopNames)
     if (m.mainloop == mainloop) s += m.suffix;
   if (tma_contiguous) s += "_tmacontig";
-  if (tma_store) s += "_tmastore";
+  if (tma_store) s += tma_store_blocks ? "_tmastore64" : "_tmastore";
   if (alt_order) s += "_altorder";
   if (cluster_m > 1) s += fmt::format("_cluster{}x1", cluster_m);
   return s;
@@ -287,7 +287,8 @@ TileConfig TileConfig::parse(const std::string& s) {
     }
   if (t.wgmma()) {
     t.tma_contiguous = either("_tmacontig", "_tma");
-    t.tma_store = either("_tmastore", "_tstore");
+    if (suffix("_tmastore64")) t.tma_store = t.tma_store_blocks = true;
+    else t.tma_store = either("_tmastore", "_tstore");
     t.alt_order = either("_altorder", "_swap");
     if (literal("_cluster")) {
       t.cluster_m = number(2, 16, "cluster_m");
@@ -438,7 +439,7 @@ GeneratedKernel generate(const KernelSpec& spec) {
     // The int(...) keeps gemm::Tile's parameters ints (gemm/tile.cuh).
     targs = fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, int({}), {}, {}, {}{}>, {}", t.bm, t.bn, t.bk,
                         t.warps_m, t.warps_n, t.stages, nb, mainloop_literal(t.mainloop), t.tma_contiguous ? 1 : 0,
-                        t.alt_order ? 1 : 0, t.tma_store ? 1 : 0,
+                        t.alt_order ? 1 : 0, t.tma_store ? (t.tma_store_blocks ? 2 : 1) : 0,
                         t.cluster_m == 1 ? "" : fmt::format(", {}", t.cluster_m), targs);
     g.threads = t.threads();
     g.dynamic_smem = t.smem_bytes(nb);

@@ -72,9 +72,14 @@ struct TileConfig {
   // The other tile order inside an expert (gemm/scheduler/tile_schedule.cuh): the tuner's
   // schedule-order parameter, for wgmma tiles of the expert GEMMs.
   bool alt_order = false;
-  // The output tile leaves through shared memory by TMA stores (weight gradients, on
-  // warp-specialised tiles); costs a [bm][bn] bf16 staging buffer of shared memory.
+  // The output tile leaves through shared memory by TMA stores (weight gradients and the
+  // per-slot outputs, on warp-specialised tiles); costs a [bm][bn] bf16 staging buffer of shared
+  // memory.
   bool tma_store = false;
+  // With tma_store: the tile leaves 64 columns at a time through two [bm][64] buffers in turn
+  // instead of one [bm][bn] (32 KiB at bm 128 instead of 64), so a 128x256 tile keeps a fourth
+  // stage ("_tmastore64").
+  bool tma_store_blocks = false;
   // Blocks per thread-block cluster along M (1 or 2): the pair computes the two halves of a
   // 2*bm-row tile and shares its weight operand (launched with cuLaunchKernelEx and a cluster
   // dimension).
@@ -95,7 +100,12 @@ struct TileConfig {
   int loader_threads() const { return warp_specialized() ? producer_threads() : compute_threads(); }
   // wgmma tiles reserve 1 KiB to align their 128-byte-swizzle atoms to 1024 bytes.
   int smem_bytes(int nb) const {
-    return stages * (bm * bk + nb * bn * bk) * 2 + (tma_store ? bm * bn * 2 * consumer_groups() : 0) + (wgmma() ? 1024 : 0);
+    return stages * (bm * bk + nb * bn * bk) * 2 + staging_bytes() + (wgmma() ? 1024 : 0);
+  }
+  // The TMA-store epilogue's staging buffers (gemm/tile.cuh OUT_ELEMS).
+  int staging_bytes() const {
+    if (!tma_store) return 0;
+    return (tma_store_blocks ? 2 * bm * 64 : bm * bn) * 2 * consumer_groups();
   }
   // "128x128x64_w2x4_s3", "128x256x64_w8x1_s4_persist_tmacontig", ...
   std::string to_string() const;

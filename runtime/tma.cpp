@@ -148,7 +148,7 @@ void attach_output_maps(WgradArgs& w, const TileConfig& t, int64_t experts, int6
   // buffer (tiles of 128 rows or more: gemm/epilogue/wgrad_store.cuh tma_epilogue).
   if (!t.tma_store) return;
   const bool f32 = w.grad_output == static_cast<int>(GradOutput::add_f32);
-  if (f32 && t.bm < 128) return;
+  if (f32 && (t.bm < 128 || t.tma_store_blocks)) return;  // tma_store.cuh f32_slabs_fit
   const OutputElement elem = f32 ? OutputElement::f32 : OutputElement::bf16;
   const int box_rows = f32 ? 64 : t.bm;
   w.tma_out0 = encode_output_map(reinterpret_cast<CUdeviceptr>(out0), experts, rows, cols, ld, box_rows,

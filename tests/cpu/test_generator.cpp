@@ -558,6 +558,38 @@ TEST_CASE("generator: _tmastore tiles (TMA-store epilogue) compile for the weigh
   }
 }
 
+TEST_CASE("generator: _tmastore64 tiles (64-column staging blocks) keep the fourth stage and compile for every TMA-store family") {
+  TileConfig t = wgmma_tile(128, 256, 4, Mainloop::persistent);
+  t.tma_contiguous = t.tma_store = t.tma_store_blocks = true;
+  CHECK(t.to_string() == "128x256x64_w8x1_s4_persist_tmacontig_tmastore64");
+  CHECK(TileConfig::parse(t.to_string()) == t);
+  CHECK_THROWS_AS(TileConfig::parse("128x256x64_w8x1_s4_persist_tmacontig_tmastore6"), InvalidArgument);
+  // two [128][64] bf16 blocks: 32 KiB beside four 48 KiB stages, under the 227 KiB a block may have
+  CHECK(t.smem_bytes(1) == 4 * 48 * 1024 + 32 * 1024 + 1024);
+  TileConfig whole = t;
+  whole.tma_store_blocks = false;  // the whole-tile staging buffer does not fit beside four stages
+  const LayerConfig q = find_preset("qwen3-30b-a3b").layer;
+  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, q, whole, Arch::sm_90a}).find("shared memory") != std::string::npos);
+  for (const Preset& p : presets()) {
+    if (!p.in_suite) continue;
+    SUBCASE(p.name.c_str()) {
+      std::vector<KernelSpec> specs;
+      for (KernelFamily f : {KernelFamily::gate_up_wgrad, KernelFamily::down_wgrad, KernelFamily::down_proj,
+                             KernelFamily::gate_up_dgrad})
+        specs.push_back({f, p.layer, t, Arch::sm_90a});
+      for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), legality_problem(s));
+      const auto built = compile_all(specs, 0, true);
+      check_compiled_without_spills(built);
+      for (const auto& b : built) {
+        INFO(b.compiled.kernel_name);
+        CHECK(b.compiled.ptx.find("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group") != std::string::npos);
+        // a block's buffer is rewritten once only the newest group may still read the other one
+        CHECK(b.compiled.ptx.find("cp.async.bulk.wait_group.read 1") != std::string::npos);
+      }
+    }
+  }
+}
+
 TEST_CASE("generator: the other tile order compiles for every expert GEMM and round-trips its names") {
   TileConfig multistage = wgmma_tile(128, 128, 3);
   multistage.alt_order = true;

@@ -42,6 +42,12 @@ TEST_CASE("vocabulary: every tile kind writes its name and reads it back") {
       {tile(128, 256, 4, Mainloop::warp_specialized, true), "128x256x64_w8x1_s4_ws_tmacontig"},
       {tile(128, 256, 3, Mainloop::persistent, true, true), "128x256x64_w8x1_s3_persist_tmacontig_tmastore"},
       {tile(128, 128, 6, Mainloop::pingpong, true), "128x128x64_w4x1_s6_pingpong_tmacontig"},
+      {[] {
+         TileConfig t = tile(128, 256, 4, Mainloop::persistent, true, true);
+         t.tma_store_blocks = true;
+         return t;
+       }(),
+       "128x256x64_w8x1_s4_persist_tmacontig_tmastore64"},
       {tile(128, 256, 4, Mainloop::persistent, true, false, true), "128x256x64_w8x1_s4_persist_tmacontig_altorder"},
       {tile(128, 256, 4, Mainloop::persistent, true, false, false, 2), "128x256x64_w8x1_s4_persist_tmacontig_cluster2x1"},
       {tile(64, 256, 5, Mainloop::pingpong, true, false, true, 2),

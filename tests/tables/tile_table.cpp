@@ -194,6 +194,13 @@ const TileKind kTwoSlab256 = forced("two-slab-256", "down_proj, gate_up_dgrad: 2
 const TileKind kSlotTmaStore = forced("slot-tmastore", "down_proj, gate_up_dgrad: TMA-store epilogue, persistent 128x256",
                                       {"down_proj=128x256x64_w8x1_s3_persist_tmacontig_tmastore",
                                        "gate_up_dgrad=128x256x64_w8x1_s3_persist_tmacontig_tmastore"});
+// The TMA-store epilogue staged 64 columns at a time in two buffers, beside four stages, on
+// the weight gradients and the per-slot outputs.
+const TileKind kTmaStore64 = forced("tmastore64", "TMA-store epilogue in 64-column blocks, persistent 128x256, 4 stages",
+                                    {"gate_up_wgrad=128x256x64_w8x1_s4_persist_tmacontig_tmastore64",
+                                     "down_wgrad=128x256x64_w8x1_s4_persist_tmacontig_tmastore64",
+                                     "down_proj=128x256x64_w8x1_s4_persist_tmacontig_tmastore64",
+                                     "gate_up_dgrad=128x256x64_w8x1_s4_persist_tmacontig_tmastore64"});
 const TileKind kClusterPingpong = pingpong_kind("cluster-pingpong", "slot-tiled GEMMs: ping-pong 64x256 as a cluster pair",
                                                 64, 256, 5, false, 2);
 
@@ -242,6 +249,9 @@ std::vector<KindRows> table() {
       {kSlotTmaStore,
        {{kSkewed, kSaveH}, {kSmall, kRecompute}, {kRaggedTma, kSaveH}, {kStoreCols, kSaveH}, {kSkewedSilu, kSaveH}},
        {"mixtral-8x7b", "gpt-oss-20b"}},
+      {kTmaStore64,
+       {{kSkewed, kSaveH}, {kStoreCols, kSaveH}, {kAccumulate, kSaveH}, {kSkewedSilu, kRecompute}},
+       {"mixtral-8x7b", "deepseek-v3"}},
       {kTwoSlab256, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRaggedTma, kRecompute}, {kStoreCols, kSaveH}},
        {"qwen3-30b-a3b", "mixtral-8x7b"}},
   };

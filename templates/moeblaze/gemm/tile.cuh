@@ -10,7 +10,8 @@ namespace moeblaze::gemm {
 // WGMMA ... PINGPONG spell out (gemm/mainloop.cuh dispatches on them). TMA_CONTIGUOUS_: the
 // operands that are not gathered come by TMA (gemm/tma_loaders.cuh). ALT_ORDER_: the other tile
 // order (gemm/scheduler/tile_schedule.cuh). TMA_STORE_: the output tile leaves through shared
-// memory by TMA stores (gemm/epilogue/tma_store.cuh). CLUSTER_: blocks per thread-block cluster
+// memory by TMA stores (gemm/epilogue/tma_store.cuh): 1 staged whole, 2 staged 64 columns at a
+// time in two buffers taken in turn ("_tmastore64"). CLUSTER_: blocks per thread-block cluster
 // along M (1 or 2): the two blocks of a pair compute the two halves of a 2*BM-row tile and share
 // its B operand's stages, each loading half of them by TMA multicast into both.
 // With wgmma WARPS_N = 1 and WARPS_M = BM/16 (cooperative: one 16-row slab per warp) or 4
@@ -26,6 +27,7 @@ struct Tile {
   static constexpr bool ALT_ORDER = ALT_ORDER_ != 0;
   // The consumers go on to the next tile while the TMA stores drain (weight gradients).
   static constexpr bool TMA_STORE = TMA_STORE_ != 0;
+  static constexpr bool STORE_BLOCKS = TMA_STORE_ == 2;
   static constexpr bool WGMMA = uses_wgmma(Mainloop(MAINLOOP_));
   static constexpr bool WARP_SPECIALIZED = is_warp_specialized(Mainloop(MAINLOOP_));
   static constexpr bool PERSISTENT = is_persistent(Mainloop(MAINLOOP_));
@@ -62,9 +64,10 @@ struct Tile {
   static constexpr int STAGE_ELEMS = A_ELEMS + B_ELEMS;
   static constexpr int SMEM_BYTES = STAGES * STAGE_ELEMS * 2;
   // TMA_STORE: the bf16 output tile's staging buffer, after the stages (1024-byte aligned: every
-  // stage is a multiple of 1 KiB).
+  // stage is a multiple of 1 KiB): the whole tile, or with STORE_BLOCKS two [BM][64] blocks.
   // Ping-pong groups each stage their own tile.
-  static constexpr int OUT_ELEMS = TMA_STORE ? BM * BN * CONSUMER_GROUPS : 0;
+  static constexpr int OUT_GROUP_ELEMS = STORE_BLOCKS ? 2 * BM * 64 : BM * BN;
+  static constexpr int OUT_ELEMS = TMA_STORE ? OUT_GROUP_ELEMS * CONSUMER_GROUPS : 0;
 };
 
 // Which consumer a thread is. Consumers are threads [0, CONSUMER_THREADS), the producer

@@ -45,6 +45,8 @@ MB_DEV void tma_reduce_add_3d(const TmaMap* map, const void* smem, int col, int 
 MB_DEV void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // The committed store groups have finished reading shared memory (the buffer may be rewritten).
 MB_DEV void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// Until at most the newest committed group may still be reading its shared memory.
+MB_DEV void bulk_wait_read_all_but_newest() { asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory"); }
 // The committed store groups have completed (their writes are done).
 MB_DEV void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 

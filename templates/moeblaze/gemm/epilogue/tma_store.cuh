@@ -30,7 +30,7 @@ namespace moeblaze::gemm {
 // The staging buffer of this thread's consumer group (ping-pong groups each have one).
 template <class Cfg>
 MB_DEV bf16_t* staging_buffer() {
-  return align_1024(dynamic_smem()) + Cfg::STAGES * Cfg::STAGE_ELEMS + consumer_group<Cfg>() * Cfg::BM * Cfg::BN;
+  return align_1024(dynamic_smem()) + Cfg::STAGES * Cfg::STAGE_ELEMS + consumer_group<Cfg>() * Cfg::OUT_GROUP_ELEMS;
 }
 
 // Where a staged tile goes: its first row and column in one expert's matrix of the map.
@@ -49,6 +49,30 @@ MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const Sto
   static_assert(Cfg::TMA_STORE && Cfg::NB == 1, "TMA-store tiles have one B tile");
   bf16_t* out = staging_buffer<Cfg>();
   const bool issuer = consumer_tid<Cfg>() == 0;
+  if constexpr (Cfg::STORE_BLOCKS) {
+    // 64 columns at a time, one commit group each, in the two [BM][64] buffers in turn: block j
+    // reuses the buffer of block j - 2 (of this tile or the previous one), whose group is no
+    // longer the newest, so waiting until only the newest may still read frees it.
+#pragma unroll
+    for (int j = 0; j < Cfg::BN / 64; ++j) {
+      bf16_t* block = out + (j & 1) * Cfg::BM * 64;
+      if (issuer) bulk_wait_read_all_but_newest();
+      consumer_sync<Cfg>();
+      for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
+        if ((c >> 6) == j) store_bf16x2(block + staged_offset<Cfg::BM>(r, c & 63), v0, v1);
+      });
+      fence_proxy_async_smem();
+      consumer_sync<Cfg>();
+      if (issuer) {
+        if (add) tma_reduce_add_3d(to.map, block, to.col + 64 * j, to.row, to.expert);
+        else tma_store_3d(to.map, block, to.col + 64 * j, to.row, to.expert);
+        bulk_commit();
+      }
+    }
+    if constexpr (!Cfg::PERSISTENT)
+      if (issuer) bulk_wait_all();
+    return;
+  }
   if (issuer) bulk_wait_read_all();  // the previous tile's stores have read the buffer
   consumer_sync<Cfg>();
   for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
@@ -68,12 +92,12 @@ MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const Sto
 }
 
 // An fp32 main gradient goes through the TMA epilogue 64 rows at a time, which the bf16
-// staging buffer holds when the tile has 128 rows or more; smaller tiles keep the register
-// epilogue (gemm/epilogue/wgrad_store.cuh). The host encodes the maps by the same rule
+// staging buffer holds when the tile has 128 rows or more and is staged whole; other tiles keep
+// the register epilogue (gemm/epilogue/wgrad_store.cuh). The host encodes the maps by the same rule
 // (runtime/tma.cpp attach_output_maps).
 template <class Cfg>
 MB_DEV constexpr bool f32_slabs_fit() {
-  return Cfg::BM >= 128;
+  return Cfg::BM >= 128 && !Cfg::STORE_BLOCKS;
 }
 
 // Whether a TMA-store tile (Tile::TMA_STORE) writes this GradOutput through its staged TMA
