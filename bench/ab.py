@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""A/B of tile choices with `moeblaze bench`, the way a kernel change is judged before it becomes a
+default: each preset's default tiles and every variant, run in alternating rounds in one call
+(A B C A B C ..., so drift in clocks or temperature falls on all of them alike), optionally after
+a grad-check of each variant; then the median step and per-kernel ms of each, and each variant's
+ratio to the defaults.
+
+    python3 bench/ab.py --preset qwen3-30b-a3b --preset mixtral-8x7b \\
+        --variant tmastore="down_proj=128x256x64_w8x1_s3_persist_tmacontig_tmastore gate_up_dgrad=..." \\
+        [--rounds 2] [--grad-check-tokens 4096] [--json ab.json] [--deadline-s 300]
+
+A variant is NAME=TILES, TILES a space- or comma-separated list of FAMILY=TILE (what `moeblaze
+bench --tile` takes). A tile that is not legal for a preset's layer is reported and that variant
+skipped on that preset. The table shows the step and the families any variant changes; "ratio"
+is default ms / variant ms (above 1 the variant is faster). Needs a GPU and a built `moeblaze`
+(--moeblaze, default build/bin/moeblaze).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DEFAULT = "default"
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """"NAME=FAM=TILE FAM=TILE" (or commas) -> (NAME, ["FAM=TILE", ...])."""
+    name, sep, rest = text.partition("=")
+    tiles = [t for t in rest.replace(",", " ").split() if t]
+    if not sep or not name or name == DEFAULT or not tiles:
+        raise ValueError(f"variant '{text}': expected NAME=FAMILY=TILE [FAMILY=TILE ...], NAME not '{DEFAULT}'")
+    for t in tiles:
+        family, eq, tile = t.partition("=")
+        if not eq or not family or not tile:
+            raise ValueError(f"variant '{name}': '{t}' is not FAMILY=TILE")
+    return name, tiles
+
+
+def schedule(presets: list[str], variants: list[str], rounds: int) -> list[tuple[str, str, int]]:
+    """The order of the bench runs: per preset, `rounds` rounds of the default and every variant."""
+    return [(p, v, r) for p in presets for r in range(rounds) for v in [DEFAULT, *variants]]
+
+
+def summarize(runs: list[dict]) -> dict:
+    """runs: {"preset", "variant", "step_ms", "kernels": {family: (ms, tile)}} -> per preset and
+    variant the median step and per-family ms, the tiles, and ratios to the default."""
+    out: dict = {}
+    for r in runs:
+        v = out.setdefault(r["preset"], {}).setdefault(r["variant"], {"steps": [], "kernels": {}, "tiles": {}})
+        v["steps"].append(r["step_ms"])
+        for family, (ms, tile) in r["kernels"].items():
+            v["kernels"].setdefault(family, []).append(ms)
+            v["tiles"][family] = tile
+    for variants in out.values():
+        for v in variants.values():
+            v["step_ms"] = statistics.median(v["steps"])
+            v["kernel_ms"] = {f: statistics.median(ms) for f, ms in v["kernels"].items()}
+        base = variants.get(DEFAULT)
+        for name, v in variants.items():
+            if base is None or name == DEFAULT:
+                continue
+            v["step_ratio"] = base["step_ms"] / v["step_ms"]
+            v["kernel_ratio"] = {f: base["kernel_ms"][f] / ms for f, ms in v["kernel_ms"].items()
+                                 if f in base["kernel_ms"] and ms > 0}
+    return out
+
+
+def changed_families(variants: dict) -> list[str]:
+    """Families whose tile differs from the default's in some variant, in the default's order."""
+    base = variants.get(DEFAULT, {}).get("tiles", {})
+    changed = {f for name, v in variants.items() if name != DEFAULT for f, t in v["tiles"].items() if base.get(f) != t}
+    return [f for f in base if f in changed]
+
+
+def table(summary: dict) -> str:
+    lines = []
+    for preset, variants in summary.items():
+        fams = changed_families(variants)
+        lines += [f"### {preset}", "", "| variant | step ms | ratio | " + " | ".join(f"{f} ms" for f in fams) + " |",
+                  "|---|---|---|" + "---|" * len(fams)]
+        for name, v in variants.items():
+            ratio = "" if name == DEFAULT else f"{v.get('step_ratio', 0):.3f}x"
+            cells = []
+            for f in fams:
+                ms = v["kernel_ms"].get(f)
+                r = v.get("kernel_ratio", {}).get(f)
+                cells.append("-" if ms is None else f"{ms:.3f}" + (f" ({r:.3f}x)" if r else ""))
+            runs = len(v["steps"])
+            lines.append(f"| {name} | {v['step_ms']:.2f} (n={runs}) | {ratio} | " + " | ".join(cells) + " |")
+        lines.append("")
+        for name, v in variants.items():
+            tiles = ", ".join(f"{f}={v['tiles'][f]}" for f in fams if f in v["tiles"])
+            if tiles:
+                lines.append(f"- {name}: {tiles}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def bench_args(preset: str, tiles: list[str]) -> list[str]:
+    return ["bench", "--preset", preset, "--json"] + (["--tile", *tiles] if tiles else [])
+
+
+def run_bench(moeblaze: str, preset: str, tiles: list[str], timeout: float) -> dict:
+    p = subprocess.run([moeblaze, *bench_args(preset, tiles)], capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"bench {preset} {' '.join(tiles)}: exit {p.returncode}: {p.stderr.strip()[-400:]}")
+    d = json.loads(p.stdout)
+    return {"step_ms": d["step_ms"], "kernels": {k["family"]: (k["ms"], k["tile"]) for k in d["kernels"]}}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", action="append", required=True, help="a preset (repeat for more)")
+    ap.add_argument("--variant", action="append", default=[], help="NAME=FAMILY=TILE [FAMILY=TILE ...] (repeat)")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
+    ap.add_argument("--grad-check-tokens", type=int, default=0,
+                    help="grad-check each variant at this T first (0: no check); a failing variant is dropped")
+    ap.add_argument("--moeblaze", default="build/bin/moeblaze")
+    ap.add_argument("--deadline-s", type=float, default=0, help="start nothing after this many seconds (0: none)")
+    ap.add_argument("--json", type=Path, help="write the runs and the summary here")
+    args = ap.parse_args(argv)
+    try:
+        variants = dict(parse_variant(v) for v in args.variant)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    start = time.monotonic()
+
+    def time_left() -> float:
+        return float("inf") if args.deadline_s <= 0 else args.deadline_s - (time.monotonic() - start)
+
+    dropped: set[tuple[str, str]] = set()
+    for preset in args.preset:
+        for name, tiles in variants.items():
+            legal = subprocess.run([args.moeblaze, "generate", "--preset", preset, "--check-only", "--tile", *tiles],
+                                   capture_output=True, text=True)
+            if legal.returncode != 0:
+                print(f"{preset} {name}: not legal: {legal.stderr.strip()[-300:]}", flush=True)
+                dropped.add((preset, name))
+                continue
+            if args.grad_check_tokens > 0 and time_left() > 10:
+                gc = subprocess.run([args.moeblaze, "grad-check", "--preset", preset, "-T", str(args.grad_check_tokens),
+                                     "--tile", *tiles], capture_output=True, text=True, timeout=min(600, time_left()))
+                verdict = next((ln for ln in gc.stdout.splitlines() if ln.startswith(("PASS", "FAIL"))), "no verdict")
+                print(f"{preset} {name}: grad-check T={args.grad_check_tokens}: {verdict}", flush=True)
+                if gc.returncode != 0:
+                    dropped.add((preset, name))
+    runs = []
+    for preset, name, rnd in schedule(args.preset, list(variants), args.rounds):
+        if (preset, name) in dropped:
+            continue
+        if time_left() < 10:
+            print(f"deadline: {preset} {name} round {rnd} not run", flush=True)
+            continue
+        try:
+            r = run_bench(args.moeblaze, preset, variants.get(name, []), timeout=min(300, time_left()))
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            print(f"{preset} {name} round {rnd}: {e}", flush=True)
+            continue
+        runs.append({"preset": preset, "variant": name, "round": rnd, **r})
+        print(f"{preset} {name} round {rnd}: step {r['step_ms']:.2f} ms", flush=True)
+    summary = summarize(runs)
+    print(table(summary))
+    if args.json:
+        args.json.write_text(json.dumps({"variants": variants, "runs": runs, "summary": summary}, indent=1))
+    return 0 if runs else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""CPU tests of bench/ab.py: variant parsing, the alternating order, the summary's medians and
+ratios, and a whole run against a stand-in `moeblaze` that answers like the real one."""
+import json
+import stat
+import sys
+
+import pytest
+
+import ab
+
+
+def test_parse_variant_takes_spaces_or_commas():
+    assert ab.parse_variant("t=down_proj=A gate_up_dgrad=B") == ("t", ["down_proj=A", "gate_up_dgrad=B"])
+    assert ab.parse_variant("t=down_proj=A,gate_up_dgrad=B") == ("t", ["down_proj=A", "gate_up_dgrad=B"])
+
+
+@pytest.mark.parametrize("bad", ["t", "=down_proj=A", "t=", "default=down_proj=A", "t=down_proj", "t=down_proj="])
+def test_parse_variant_refuses_malformed(bad):
+    with pytest.raises(ValueError):
+        ab.parse_variant(bad)
+
+
+def test_schedule_alternates_default_and_variants_in_rounds():
+    assert ab.schedule(["p"], ["x", "y"], 2) == [("p", "default", 0), ("p", "x", 0), ("p", "y", 0),
+                                                  ("p", "default", 1), ("p", "x", 1), ("p", "y", 1)]
+
+
+def run(variant, step, down, gate, tile="T0"):
+    return {"preset": "p", "variant": variant, "step_ms": step,
+            "kernels": {"gate_up": (gate, "G"), "down_proj": (down, tile)}}
+
+
+def test_summary_medians_ratios_and_changed_families():
+    runs = [run("default", 10.0, 2.0, 3.0), run("x", 8.0, 1.0, 3.0, "T1"),
+            run("default", 12.0, 2.2, 3.0), run("x", 9.0, 1.2, 3.0, "T1"), run("default", 11.0, 2.1, 3.0)]
+    s = ab.summarize(runs)["p"]
+    assert s["default"]["step_ms"] == 11.0 and s["x"]["step_ms"] == 8.5
+    assert s["x"]["step_ratio"] == pytest.approx(11.0 / 8.5)
+    assert s["x"]["kernel_ratio"]["down_proj"] == pytest.approx(2.1 / 1.1)
+    assert ab.changed_families(s) == ["down_proj"]  # gate_up kept its tile
+    text = ab.table({"p": s})
+    assert "| x | 8.50 (n=2) | 1.294x | 1.100 (1.909x) |" in text
+    assert "- x: down_proj=T1" in text and "gate_up ms" not in text
+
+
+def test_a_whole_run_against_a_stand_in(tmp_path):
+    fake = tmp_path / "moeblaze"
+    fake.write_text(f"""#!{sys.executable}
+import json, sys
+args = sys.argv[1:]
+tiles = args[args.index("--tile") + 1:] if "--tile" in args else []
+if any("ILLEGAL" in t for t in tiles):
+    print("error: tile: not legal", file=sys.stderr); sys.exit(2)
+if args[0] == "grad-check":
+    print("PASS: max relative error 3.8e-03 (tolerance 1e-02)"); sys.exit(0)
+if args[0] == "generate":
+    sys.exit(0)
+fast = any("fast" in t for t in tiles)
+print(json.dumps({{"step_ms": 9.0 if fast else 10.0, "kernels": [
+    {{"family": "down_proj", "ms": 1.0 if fast else 2.0, "tile": "fast" if fast else "base"}},
+    {{"family": "combine", "ms": 0.3, "tile": "-"}}]}}))
+""")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    out = tmp_path / "ab.json"
+    rc = ab.main(["--preset", "p", "--variant", "f=down_proj=fast", "--variant", "bad=down_proj=ILLEGAL",
+                  "--rounds", "2", "--grad-check-tokens", "512", "--moeblaze", str(fake), "--json", str(out)])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    assert [(r["variant"], r["round"]) for r in d["runs"]] == [("default", 0), ("f", 0), ("default", 1), ("f", 1)]
+    assert d["summary"]["p"]["f"]["step_ratio"] == pytest.approx(10.0 / 9.0)
+    assert d["summary"]["p"]["f"]["kernel_ratio"]["down_proj"] == pytest.approx(2.0)
+    assert "bad" not in d["summary"]["p"]
