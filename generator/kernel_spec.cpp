@@ -187,6 +187,7 @@ std::string TileConfig::to_string() const {
   if (tma_contiguous) s += "_tmacontig";
   if (tma_store) s += tma_store_blocks ? "_tmastore64" : "_tmastore";
   if (alt_order) s += "_altorder";
+  if (direct_arrive) s += "_directarrive";
   if (cluster_m > 1) s += fmt::format("_cluster{}x1", cluster_m);
   return s;
 }
@@ -290,6 +291,7 @@ TileConfig TileConfig::parse(const std::string& s) {
     if (suffix("_tmastore64")) t.tma_store = t.tma_store_blocks = true;
     else t.tma_store = either("_tmastore", "_tstore");
     t.alt_order = either("_altorder", "_swap");
+    t.direct_arrive = suffix("_directarrive");
     if (literal("_cluster")) {
       t.cluster_m = number(2, 16, "cluster_m");
       if (!suffix("x1")) throw malformed();
@@ -379,6 +381,8 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
     if (spec.family == KernelFamily::gate_up_dgrad && spec.layer.shape.ffn % 64)
       return "TMA gate_up_dgrad tiles need n % 64 == 0 (W1/W3 k stages inside one matrix)";
   }
+  if (t.direct_arrive && (!t.warp_specialized() || t.cluster_m != 1))
+    return "_directarrive is a pipeline of warp-specialised tiles without clusters";
   if (t.cluster_m != 1) {
     if (t.cluster_m != 2) return "clusters are of 1 or 2 blocks";
     if (!t.persistent() || !t.tma_contiguous)
@@ -437,10 +441,11 @@ GeneratedKernel generate(const KernelSpec& spec) {
     const TileConfig& t = spec.tile;
     const int nb = stacked_b_tiles(spec.family, spec.layer.activation);
     // The int(...) keeps gemm::Tile's parameters ints (gemm/tile.cuh).
-    targs = fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, int({}), {}, {}, {}{}>, {}", t.bm, t.bn, t.bk,
+    targs = fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, int({}), {}, {}, {}{}{}>, {}", t.bm, t.bn, t.bk,
                         t.warps_m, t.warps_n, t.stages, nb, mainloop_literal(t.mainloop), t.tma_contiguous ? 1 : 0,
                         t.alt_order ? 1 : 0, t.tma_store ? (t.tma_store_blocks ? 2 : 1) : 0,
-                        t.cluster_m == 1 ? "" : fmt::format(", {}", t.cluster_m), targs);
+                        t.cluster_m == 1 && !t.direct_arrive ? "" : fmt::format(", {}", t.cluster_m),
+                        t.direct_arrive ? ", 1" : "", targs);
     g.threads = t.threads();
     g.dynamic_smem = t.smem_bytes(nb);
   } else {

@@ -80,6 +80,11 @@ struct TileConfig {
   // instead of one [bm][bn] (32 KiB at bm 128 instead of 64), so a 128x256 tile keeps a fourth
   // stage ("_tmastore64").
   bool tma_store_blocks = false;
+  // Warp-specialised pipeline variant: each producer thread's cp.async copies arrive on the
+  // consumers' full barrier directly (cp.async.mbarrier.arrive.noinc) and the consumers fence the
+  // async proxy after their wait, instead of the producer polling a `landed` barrier, fencing
+  // and arriving itself ("_directarrive"; gemm/mainloop/warp_specialized.cuh).
+  bool direct_arrive = false;
   // Blocks per thread-block cluster along M (1 or 2): the pair computes the two halves of a
   // 2*bm-row tile and shares its weight operand (launched with cuLaunchKernelEx and a cluster
   // dimension).

@@ -17,7 +17,8 @@ Exit status: 0 when every command ended as expected, 1 otherwise.
 Steps (default: gpu kinds defaults py):
   gpu       the C++ GPU tests (BUILD/bin/moeblaze_gpu_tests: the layer cases, the tile table's fast rows)
   kinds     grad-check every tile kind (_wgmma, _ws, _persist, _pingpong, _cluster2x1, TMA loads,
-            _tmastore (weight gradients, per-slot outputs, _tmastore64), 192-wide tiles, _altorder,
+            _tmastore (weight gradients, per-slot outputs, _tmastore64), _directarrive, 192-wide
+            tiles, _altorder,
             the persistent down_dgrad; docs/design.md,
             "Glossary") on small shapes chosen for partial tiles, skewed
             routing, gated and plain activations, recompute, the wide-h chunks and fp32
@@ -199,6 +200,10 @@ kind_tiles() {
     tmastore64)  # 64-column staging blocks beside four stages, every TMA-store family
       local t="--tile down_proj=128x256x64_w8x1_s4_persist_tmacontig_tmastore64 --tile gate_up_dgrad=128x256x64_w8x1_s4_persist_tmacontig_tmastore64"
       echo "$t --tile gate_up_wgrad=128x256x64_w8x1_s4_persist_tmacontig_tmastore64 --tile down_wgrad=128x256x64_w8x1_s4_persist_tmacontig_tmastore64" ;;
+    directarrive)  # the default warp-specialised tiles with the producer's copies arriving on full[s]
+      local t="--tile gate_up=128x128x64_w8x1_s4_persist_tmacontig_directarrive --tile down_proj=128x256x64_w8x1_s3_persist_tmacontig_tmastore_directarrive"
+      t="$t --tile down_dgrad=128x256x64_w8x1_s4_persist_tmacontig_directarrive --tile gate_up_dgrad=128x256x64_w8x1_s3_persist_tmacontig_tmastore_directarrive"
+      echo "$t --tile gate_up_wgrad=128x256x64_w8x1_s3_persist_tmacontig_tmastore_directarrive --tile down_wgrad=128x256x64_w8x1_s3_persist_tmacontig_tmastore_directarrive" ;;
     dgrad_wide) echo "--tile down_dgrad=128x256x64_w8x1_s4_persist_tmacontig" ;;
     dgrad_narrow) echo "--tile down_dgrad=128x128x64_w8x1_s4_persist_tmacontig" ;;
     altorder) echo "--tile gate_up=128x128x64_w8x1_s4_persist_tmacontig_altorder --tile down_proj=128x256x64_w8x1_s4_persist_tmacontig_altorder --tile down_wgrad=128x256x64_w8x1_s4_persist_tmacontig_altorder" ;;
@@ -213,7 +218,7 @@ kind_tiles() {
     pingpong_cluster) echo "--tile gate_up=64x128x64_w4x1_s5_pingpong_tmacontig_cluster2x1 --tile down_proj=64x256x64_w4x1_s5_pingpong_tmacontig_cluster2x1" ;;
   esac
 }
-KINDS="wgmma ws persist tma_fwd tma_wgrad tma_dgrad bn192 tmastore tmastore_small slot_tmastore tmastore64 dgrad_wide
+KINDS="wgmma ws persist tma_fwd tma_wgrad tma_dgrad bn192 tmastore tmastore_small slot_tmastore tmastore64 directarrive dgrad_wide
 dgrad_narrow altorder pingpong pingpong64 cluster pingpong_cluster"
 
 # Small shapes, each for a reason: (E K d n T, then routing, mode, activation or precision).
@@ -249,6 +254,7 @@ kind_cases() {
     tmastore_small) echo "straddle_recompute" ;;
     slot_tmastore) echo "aligned skew aligned_recompute" ;;  # TMA dgrad loads need n % 64 == 0
     tmastore64) echo "aligned skew aligned_recompute fp32" ;;
+    directarrive) echo "aligned skew aligned_recompute aligned_chunked fp32" ;;
     dgrad_wide) echo "grad dgrad_ragged skew chunked chunked_recompute" ;;
     dgrad_narrow) echo "dgrad_ragged" ;;
     altorder) echo "grad skew chunked" ;;

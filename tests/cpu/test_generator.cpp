@@ -590,6 +590,39 @@ TEST_CASE("generator: _tmastore64 tiles (64-column staging blocks) keep the four
   }
 }
 
+TEST_CASE("generator: _directarrive tiles (cp.async arrivals on the full barrier) compile for every expert GEMM") {
+  auto direct = [](TileConfig t) {
+    t.direct_arrive = true;
+    return t;
+  };
+  const LayerConfig q = find_preset("qwen3-30b-a3b").layer;
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up, q, direct(wgmma_tile(128, 128, 3)), Arch::sm_90a})
+            .find("warp-specialised") != std::string::npos);
+  TileConfig pair = direct(wgmma_tile(128, 256, 4, Mainloop::persistent));
+  pair.tma_contiguous = true;
+  pair.cluster_m = 2;
+  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, q, pair, Arch::sm_90a}).find("clusters") != std::string::npos);
+  for (const Preset& p : presets()) {
+    if (!p.in_suite) continue;
+    SUBCASE(p.name.c_str()) {
+      std::vector<KernelSpec> specs;
+      for (const KernelSpec& d : layer_kernel_specs(p.layer, Arch::sm_90a, 0))
+        if (supports_persistent(d.family) && d.tile.warp_specialized()) specs.push_back({d.family, p.layer, direct(d.tile), Arch::sm_90a});
+      REQUIRE(specs.size() >= 6);
+      for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), legality_problem(s));
+      const auto built = compile_all(specs, 0, true);
+      check_compiled_without_spills(built);
+      for (const auto& b : built) {
+        INFO(b.compiled.kernel_name);
+        // copies arrive on the full barrier; no landed-barrier polling; the consumers' proxy fence
+        CHECK(b.compiled.ptx.find("cp.async.mbarrier.arrive.noinc") != std::string::npos);
+        CHECK(b.compiled.ptx.find("mbarrier.test_wait") == std::string::npos);
+        CHECK(b.compiled.ptx.find("fence.proxy.async.shared::cta") != std::string::npos);
+      }
+    }
+  }
+}
+
 TEST_CASE("generator: the other tile order compiles for every expert GEMM and round-trips its names") {
   TileConfig multistage = wgmma_tile(128, 128, 3);
   multistage.alt_order = true;

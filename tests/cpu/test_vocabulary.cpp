@@ -48,6 +48,12 @@ TEST_CASE("vocabulary: every tile kind writes its name and reads it back") {
          return t;
        }(),
        "128x256x64_w8x1_s4_persist_tmacontig_tmastore64"},
+      {[] {
+         TileConfig t = tile(128, 256, 3, Mainloop::persistent, true, true, true);
+         t.direct_arrive = true;
+         return t;
+       }(),
+       "128x256x64_w8x1_s3_persist_tmacontig_tmastore_altorder_directarrive"},
       {tile(128, 256, 4, Mainloop::persistent, true, false, true), "128x256x64_w8x1_s4_persist_tmacontig_altorder"},
       {tile(128, 256, 4, Mainloop::persistent, true, false, false, 2), "128x256x64_w8x1_s4_persist_tmacontig_cluster2x1"},
       {tile(64, 256, 5, Mainloop::pingpong, true, false, true, 2),

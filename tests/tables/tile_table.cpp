@@ -201,6 +201,14 @@ const TileKind kTmaStore64 = forced("tmastore64", "TMA-store epilogue in 64-colu
                                      "down_wgrad=128x256x64_w8x1_s4_persist_tmacontig_tmastore64",
                                      "down_proj=128x256x64_w8x1_s4_persist_tmacontig_tmastore64",
                                      "gate_up_dgrad=128x256x64_w8x1_s4_persist_tmacontig_tmastore64"});
+// The warp-specialised pipeline with the producer's cp.async arrivals on the full barrier: the
+// default tiles of the expert GEMMs (the warp-specialised ones) switched to it.
+const TileKind kDirectArrive = from_defaults("direct-arrive", "the default warp-specialised tiles with _directarrive",
+                                             Arch::sm_90a, [](KernelFamily f, const LayerConfig&, TileConfig& t) {
+                                               if (!supports_persistent(f) || !t.warp_specialized()) return false;
+                                               t.direct_arrive = true;
+                                               return true;
+                                             });
 const TileKind kClusterPingpong = pingpong_kind("cluster-pingpong", "slot-tiled GEMMs: ping-pong 64x256 as a cluster pair",
                                                 64, 256, 5, false, 2);
 
@@ -249,6 +257,9 @@ std::vector<KindRows> table() {
       {kSlotTmaStore,
        {{kSkewed, kSaveH}, {kSmall, kRecompute}, {kRaggedTma, kSaveH}, {kStoreCols, kSaveH}, {kSkewedSilu, kSaveH}},
        {"mixtral-8x7b", "gpt-oss-20b"}},
+      {kDirectArrive,
+       {{kSkewed, kSaveH}, {kRaggedTma, kRecompute}, {kAccumulate, kSaveH}, {kChunkedSkewed, kSaveH}},
+       {"qwen3-30b-a3b", "mixtral-8x7b"}},
       {kTmaStore64,
        {{kSkewed, kSaveH}, {kStoreCols, kSaveH}, {kAccumulate, kSaveH}, {kSkewedSilu, kRecompute}},
        {"mixtral-8x7b", "deepseek-v3"}},

@@ -11,7 +11,8 @@ namespace moeblaze::gemm {
 // operands that are not gathered come by TMA (gemm/tma_loaders.cuh). ALT_ORDER_: the other tile
 // order (gemm/scheduler/tile_schedule.cuh). TMA_STORE_: the output tile leaves through shared
 // memory by TMA stores (gemm/epilogue/tma_store.cuh): 1 staged whole, 2 staged 64 columns at a
-// time in two buffers taken in turn ("_tmastore64"). CLUSTER_: blocks per thread-block cluster
+// time in two buffers taken in turn ("_tmastore64"). DIRECT_ARRIVE_: the warp-specialised
+// pipeline without the `landed` barriers (gemm/mainloop/warp_specialized.cuh). CLUSTER_: blocks per thread-block cluster
 // along M (1 or 2): the two blocks of a pair compute the two halves of a 2*BM-row tile and share
 // its B operand's stages, each loading half of them by TMA multicast into both.
 // With wgmma WARPS_N = 1 and WARPS_M = BM/16 (cooperative: one 16-row slab per warp) or 4
@@ -19,7 +20,7 @@ namespace moeblaze::gemm {
 // accumulators. THREADS counts the threads that hold one tile's accumulators; CONSUMER_THREADS
 // all consumers (two groups of THREADS in ping-pong); BLOCK_THREADS is the launch size.
 template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_, int NB_ = 1, int MAINLOOP_ = 0,
-          int TMA_CONTIGUOUS_ = 0, int ALT_ORDER_ = 0, int TMA_STORE_ = 0, int CLUSTER_ = 1>
+          int TMA_CONTIGUOUS_ = 0, int ALT_ORDER_ = 0, int TMA_STORE_ = 0, int CLUSTER_ = 1, int DIRECT_ARRIVE_ = 0>
 struct Tile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_;
   static constexpr int STAGES = STAGES_, NB = NB_;
@@ -35,6 +36,9 @@ struct Tile {
   static_assert(!TMA_STORE || WARP_SPECIALIZED, "TMA-store epilogues are for warp-specialised tiles");
   static_assert(!TMA_CONTIGUOUS || WARP_SPECIALIZED, "TMA loads are issued by a producer warpgroup");
   static constexpr int CLUSTER = CLUSTER_;
+  // The producer's cp.async copies arrive on the consumers' full barrier directly.
+  static constexpr bool DIRECT_ARRIVE = DIRECT_ARRIVE_ != 0;
+  static_assert(!DIRECT_ARRIVE || (WARP_SPECIALIZED && CLUSTER == 1), "direct arrivals: warp-specialised, no cluster");
   static_assert(CLUSTER == 1 || (CLUSTER == 2 && PERSISTENT && TMA_CONTIGUOUS), "clusters pair persistent TMA tiles");
   static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
   static_assert(!PINGPONG || THREADS == 128, "a ping-pong consumer group is one warpgroup");

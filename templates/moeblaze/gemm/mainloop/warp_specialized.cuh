@@ -22,6 +22,12 @@
 // free buffer is in flight at once and a landed stage is published even while the producer
 // waits for a buffer. Consumers keep one wgmma group in flight across stages.
 //
+// Direct arrivals (Cfg::DIRECT_ARRIVE, "_directarrive"): no landed[s]. Each producer thread's
+// cp.async.mbarrier.arrive.noinc goes to full[s] itself, which thus completes when the TMA
+// bytes and every thread's copies have landed; the consumers fence the async proxy after their
+// wait (the copies were written through the generic proxy). The producer only waits for empty
+// buffers: no polling, and no fence and second arrival per stage on its issue path.
+//
 // Persistent tiles (Mainloop::persistent and pingpong): the barriers and the stage counter
 // live across the block's tiles (WsPipe), consumers release every stage including a tile's
 // last, and the producer starts the next tile's loads while the consumers run the epilogue.
@@ -107,6 +113,21 @@ MB_DEV void ws_produce(const ASrc& a_src, const BSrc& b_src, int k_size, bf16_t*
   typename BLoad::type b_load(b_src, ptid);
   a_load.fetch(0);
   b_load.fetch(0);
+  if constexpr (Cfg::DIRECT_ARRIVE) {
+    for (int issued = base; issued < end; ++issued) {
+      const int s = issued % S;
+      if (issued >= S) mbar_wait(pipe.empty(s), ((issued / S) & 1) ^ 1);
+      bf16_t* stage = smem + s * Cfg::STAGE_ELEMS;
+      const int k0 = (issued - base) * Cfg::BK;
+      load_operand<ALoad::kTma>(a_load, stage, k0, pipe.full(s));
+      load_operand<BLoad::kTma>(b_load, stage + Cfg::A_ELEMS, k0, pipe.full(s));
+      cp_async_arrive_noinc(pipe.full(s));
+      a_load.fetch(k0 + Cfg::BK);
+      b_load.fetch(k0 + Cfg::BK);
+    }
+    pipe.it = end;
+    return;
+  }
   int issued = base, published = base;
   while (published < end) {
     if (issued < end) {
@@ -164,6 +185,7 @@ MB_DEV void ws_consume(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], int k_size, b
   for (int it = base; it < end; ++it) {
     const int s = it % S;
     mbar_wait(pipe.full(s), (it / S) & 1);
+    if constexpr (Cfg::DIRECT_ARRIVE) fence_proxy_async_smem();  // the producer's cp.async writes, for wgmma
     issue_stage<Cfg, A_KMAJOR, B_KMAJOR>(acc, smem + s * Cfg::STAGE_ELEMS, warpgroup);
     wgmma_wait<1>();  // the group of step it-1 has completed: hand its buffer back
     if (it > base && lane == 0) release_stage<Cfg>(pipe.empty((it - 1) % S));
