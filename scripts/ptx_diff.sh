@@ -17,8 +17,10 @@
 # renamed tile or kernel still pairs, and a family under its older name (docs/design.md,
 # "Glossary") pairs with itself under today's. Before comparing, each PTX loses its `.loc` and
 # `.file` lines, its debug sections and its comments, and the kernel's own name (also inside
-# the mangled names NVRTC derives from the file name) becomes KERNEL. Exit 0: every kernel is
-# identical; 1: some differ (named, with the first lines of the difference); 2: usage.
+# the mangled names NVRTC derives from the file name) becomes KERNEL; gemm::Tile's template
+# arguments inside mangled names become #, and its static members' symbol declarations go.
+# Exit 0: every kernel is identical; 1: some differ (named, with the first lines of the
+# difference); 2: usage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ref_bin="" keep="" compare=""
@@ -27,7 +29,7 @@ while [ $# -gt 0 ]; do
     --compare) compare=$2; shift 2 ;;
     --ref-bin) ref_bin=$2; shift 2 ;;
     --keep) keep=$2; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0" | cut -c3-; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0" | cut -c3-; exit 0 ;;
     -*) echo "ptx_diff: unknown option $1" >&2; exit 2 ;;
     *) break ;;
   esac
@@ -45,6 +47,9 @@ OLDER_FAMILY = {"up_proj": "gate_up", "up_wgrad": "gate_up_wgrad", "up_dgrad": "
 # symbol of the kernel's PTX, mangled as ...4TileI<arguments>E<length><name>E.
 OLDER_TILE_MEMBER = {"TMA": "TMA_CONTIGUOUS", "SWAP": "ALT_ORDER", "TSTORE": "TMA_STORE"}
 OLDER_TILE_MEMBER_RE = re.compile(r"(4TileI(?:Li\d+E)+E)(%s)E" % "|".join(f"{len(k)}{k}" for k in OLDER_TILE_MEMBER))
+
+TILE_ARGS_RE = re.compile(r"4TileI(?:Li-?\d+E)+E")
+TILE_MEMBER_DECL_RE = re.compile(r"\.global \.align \d+ \.(?:u8|u32|b8|b32) _ZN8moeblaze4gemm4TileI#E\d+\w+E(?: = [^;]+)?;$")
 
 def today_names(s):
     def renamed(m):
@@ -70,6 +75,11 @@ def normalized(path, kernel):
         s = s.replace(kernel, "KERNEL")
         s = re.sub(r"_ZN\d+_INTERNAL_\w+?_KERNEL_cu_[0-9a-f]+", "_ZN_INTERNAL_", s)
         s = today_names(s)
+        # gemm::Tile's template arguments (a new defaulted one changes every mangled name) and its
+        # static members' global symbols (constants the code reads as immediates): not code
+        s = TILE_ARGS_RE.sub("4TileI#E", s)
+        if TILE_MEMBER_DECL_RE.match(s):
+            continue
         lines.append(s)
     return lines
 
