@@ -200,6 +200,8 @@ kind_tiles() {
     tmastore64)  # 64-column staging blocks beside four stages, every TMA-store family
       local t="--tile down_proj=128x256x64_w8x1_s4_persist_tmacontig_tmastore64 --tile gate_up_dgrad=128x256x64_w8x1_s4_persist_tmacontig_tmastore64"
       echo "$t --tile gate_up_wgrad=128x256x64_w8x1_s4_persist_tmacontig_tmastore64 --tile down_wgrad=128x256x64_w8x1_s4_persist_tmacontig_tmastore64" ;;
+    wgrad256)  # weight gradients on 256x128 two-slab tiles: a gathered B stage serves 256 rows
+      echo "--tile gate_up_wgrad=256x128x64_w8x1_s3_persist_tmacontig_tmastore --tile down_wgrad=256x128x64_w8x1_s3_persist_tmacontig_tmastore" ;;
     directarrive)  # the default warp-specialised tiles with the producer's copies arriving on full[s]
       local t="--tile gate_up=128x128x64_w8x1_s4_persist_tmacontig_directarrive --tile down_proj=128x256x64_w8x1_s3_persist_tmacontig_tmastore_directarrive"
       t="$t --tile down_dgrad=128x256x64_w8x1_s4_persist_tmacontig_directarrive --tile gate_up_dgrad=128x256x64_w8x1_s3_persist_tmacontig_tmastore_directarrive"
@@ -218,7 +220,7 @@ kind_tiles() {
     pingpong_cluster) echo "--tile gate_up=64x128x64_w4x1_s5_pingpong_tmacontig_cluster2x1 --tile down_proj=64x256x64_w4x1_s5_pingpong_tmacontig_cluster2x1" ;;
   esac
 }
-KINDS="wgmma ws persist tma_fwd tma_wgrad tma_dgrad bn192 tmastore tmastore_small slot_tmastore tmastore64 directarrive dgrad_wide
+KINDS="wgmma ws persist tma_fwd tma_wgrad tma_dgrad bn192 tmastore tmastore_small slot_tmastore tmastore64 directarrive wgrad256 dgrad_wide
 dgrad_narrow altorder pingpong pingpong64 cluster pingpong_cluster"
 
 # Small shapes, each for a reason: (E K d n T, then routing, mode, activation or precision).
@@ -255,6 +257,7 @@ kind_cases() {
     slot_tmastore) echo "aligned skew aligned_recompute" ;;  # TMA dgrad loads need n % 64 == 0
     tmastore64) echo "aligned skew aligned_recompute fp32" ;;
     directarrive) echo "aligned skew aligned_recompute aligned_chunked fp32" ;;
+    wgrad256) echo "grad ragged_cols ragged skew chunked fp32" ;;
     dgrad_wide) echo "grad dgrad_ragged skew chunked chunked_recompute" ;;
     dgrad_narrow) echo "dgrad_ragged" ;;
     altorder) echo "grad skew chunked" ;;

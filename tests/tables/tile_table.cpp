@@ -185,10 +185,14 @@ const TileKind kClusterPair = from_defaults("cluster-pair", "slot-tiled GEMMs: t
                                               return true;
                                             });
 // 256-row warp-specialised tiles: two consumer warpgroups of 128 rows (two m64 slabs) each, the
-// tile shape QuACK's autotuner picks for these GEMMs.
+// tile shape QuACK's autotuner picks for these GEMMs; the weight gradients' form halves the
+// gathered B loads per FLOP.
 const TileKind kTwoSlab256 = forced("two-slab-256", "down_proj, gate_up_dgrad: 256x128, two m64 slabs a warpgroup, TMA loads",
                                     {"down_proj=256x128x64_w8x1_s4_persist_tmacontig",
                                      "gate_up_dgrad=256x128x64_w8x1_s4_ws_tmacontig"});
+const TileKind kTwoSlab256Wgrad = forced("two-slab-256-wgrad", "weight gradients: 256x128, two m64 slabs a warpgroup, TMA store",
+                                         {"gate_up_wgrad=256x128x64_w8x1_s3_persist_tmacontig_tmastore",
+                                          "down_wgrad=256x128x64_w8x1_s3_persist_tmacontig_tmastore"});
 // The per-slot outputs (down_proj's o, gate_up_dgrad's dxs) by the TMA-store epilogue: full
 // tiles by TMA, an expert's last partial tile by register stores (skewed and ragged shapes mix both).
 const TileKind kSlotTmaStore = forced("slot-tmastore", "down_proj, gate_up_dgrad: TMA-store epilogue, persistent 128x256",
@@ -263,6 +267,9 @@ std::vector<KindRows> table() {
       {kTmaStore64,
        {{kSkewed, kSaveH}, {kStoreCols, kSaveH}, {kAccumulate, kSaveH}, {kSkewedSilu, kRecompute}},
        {"mixtral-8x7b", "deepseek-v3"}},
+      {kTwoSlab256Wgrad,
+       {{kSkewed, kSaveH}, {kStoreCols, kSaveH}, {kStoreStraddle, kSaveH}, {kAccumulate, kSaveH}, {kChunkedSkewed, kSaveH}},
+       {"deepseek-v3", "mixtral-8x7b"}},
       {kTwoSlab256, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRaggedTma, kRecompute}, {kStoreCols, kSaveH}},
        {"qwen3-30b-a3b", "mixtral-8x7b"}},
   };
