@@ -11,7 +11,10 @@ ratio to the defaults.
 
 A variant is NAME=TILES, TILES a space- or comma-separated list of FAMILY=TILE (what `moeblaze
 bench --tile` takes). A tile that is not legal for a preset's layer is reported and that variant
-skipped on that preset. The table shows the step and the families any variant changes; "ratio"
+skipped on that preset. --derive NAME=SUFFIX makes a variant per preset from its default tiles
+(`moeblaze generate -T <the preset's T> --check-only --json`, the tiles `bench` runs): each
+warp-specialised tile with SUFFIX appended where the result is legal, e.g. --derive
+direct=_directarrive. The table shows the step and the families any variant changes; "ratio"
 is default ms / variant ms (above 1 the variant is faster). Needs a GPU and a built `moeblaze`
 (--moeblaze, default build/bin/moeblaze).
 """
@@ -41,9 +44,26 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     return name, tiles
 
 
-def schedule(presets: list[str], variants: list[str], rounds: int) -> list[tuple[str, str, int]]:
+def parse_derive(text: str) -> tuple[str, str]:
+    """"NAME=SUFFIX" -> (NAME, SUFFIX); SUFFIX starts with "_"."""
+    name, sep, suffix = text.partition("=")
+    if not sep or not name or name == DEFAULT or not suffix.startswith("_") or "=" in suffix:
+        raise ValueError(f"derive '{text}': expected NAME=_SUFFIX, NAME not '{DEFAULT}'")
+    return name, suffix
+
+
+WARP_SPECIALISED = ("_ws", "_persist", "_pingpong")
+
+
+def derived_tiles(defaults: dict[str, str], suffix: str) -> list[str]:
+    """FAMILY=TILE+SUFFIX for each warp-specialised default tile (legality is checked later)."""
+    return [f"{f}={t}{suffix}" for f, t in defaults.items()
+            if any(f"{m}_" in t + "_" for m in WARP_SPECIALISED)]
+
+
+def schedule(plan: dict[str, dict[str, list[str]]], rounds: int) -> list[tuple[str, str, int]]:
     """The order of the bench runs: per preset, `rounds` rounds of the default and every variant."""
-    return [(p, v, r) for p in presets for r in range(rounds) for v in [DEFAULT, *variants]]
+    return [(p, v, r) for p, variants in plan.items() for r in range(rounds) for v in [DEFAULT, *variants]]
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -101,6 +121,24 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def presets_tokens(moeblaze: str) -> dict[str, int]:
+    out = subprocess.run([moeblaze, "presets", "--json"], capture_output=True, text=True, check=True).stdout
+    return {p["name"]: p["T"] for p in json.loads(out)}
+
+
+def default_tiles(moeblaze: str, preset: str, tokens: int) -> dict[str, str]:
+    out = subprocess.run([moeblaze, "generate", "--preset", preset, "-T", str(tokens), "--check-only", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    return {k["family"]: k["tile"] for k in json.loads(out)["kernels"] if k["tile"] != "-"}
+
+
+def legal(moeblaze: str, preset: str, tiles: list[str]) -> str:
+    """'' when every FAMILY=TILE is legal for the preset's layer, else moeblaze's reason."""
+    p = subprocess.run([moeblaze, "generate", "--preset", preset, "--check-only", "--tile", *tiles],
+                       capture_output=True, text=True)
+    return "" if p.returncode == 0 else (p.stderr.strip() or p.stdout.strip())[-300:]
+
+
 def bench_args(preset: str, tiles: list[str]) -> list[str]:
     return ["bench", "--preset", preset, "--json"] + (["--tile", *tiles] if tiles else [])
 
@@ -117,6 +155,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", action="append", required=True, help="a preset (repeat for more)")
     ap.add_argument("--variant", action="append", default=[], help="NAME=FAMILY=TILE [FAMILY=TILE ...] (repeat)")
+    ap.add_argument("--derive", action="append", default=[],
+                    help="NAME=_SUFFIX: each preset's warp-specialised default tiles with _SUFFIX (repeat)")
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
     ap.add_argument("--grad-check-tokens", type=int, default=0,
                     help="grad-check each variant at this T first (0: no check); a failing variant is dropped")
@@ -126,8 +166,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         variants = dict(parse_variant(v) for v in args.variant)
+        derives = dict(parse_derive(d) for d in args.derive)
     except ValueError as e:
         ap.error(str(e))
+    if set(variants) & set(derives):
+        ap.error(f"names used twice: {sorted(set(variants) & set(derives))}")
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
     start = time.monotonic()
@@ -135,13 +178,20 @@ def main(argv=None) -> int:
     def time_left() -> float:
         return float("inf") if args.deadline_s <= 0 else args.deadline_s - (time.monotonic() - start)
 
-    dropped: set[tuple[str, str]] = set()
+    tokens = presets_tokens(args.moeblaze) if derives else {}
+    plan: dict[str, dict[str, list[str]]] = {}
     for preset in args.preset:
-        for name, tiles in variants.items():
-            legal = subprocess.run([args.moeblaze, "generate", "--preset", preset, "--check-only", "--tile", *tiles],
-                                   capture_output=True, text=True)
-            if legal.returncode != 0:
-                print(f"{preset} {name}: not legal: {legal.stderr.strip()[-300:]}", flush=True)
+        plan[preset] = dict(variants)
+        if derives:
+            defaults = default_tiles(args.moeblaze, preset, tokens[preset])
+            for name, suffix in derives.items():  # the legal families of the derived tiles
+                plan[preset][name] = [t for t in derived_tiles(defaults, suffix) if not legal(args.moeblaze, preset, [t])]
+    dropped: set[tuple[str, str]] = set()
+    for preset, named in plan.items():
+        for name, tiles in named.items():
+            why = legal(args.moeblaze, preset, tiles) if tiles else "no tile of this variant applies"
+            if why:
+                print(f"{preset} {name}: not legal: {why}", flush=True)
                 dropped.add((preset, name))
                 continue
             if args.grad_check_tokens > 0 and time_left() > 10:
@@ -152,14 +202,14 @@ def main(argv=None) -> int:
                 if gc.returncode != 0:
                     dropped.add((preset, name))
     runs = []
-    for preset, name, rnd in schedule(args.preset, list(variants), args.rounds):
+    for preset, name, rnd in schedule(plan, args.rounds):
         if (preset, name) in dropped:
             continue
         if time_left() < 10:
             print(f"deadline: {preset} {name} round {rnd} not run", flush=True)
             continue
         try:
-            r = run_bench(args.moeblaze, preset, variants.get(name, []), timeout=min(300, time_left()))
+            r = run_bench(args.moeblaze, preset, plan[preset].get(name, []), timeout=min(300, time_left()))
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             print(f"{preset} {name} round {rnd}: {e}", flush=True)
             continue
@@ -168,7 +218,7 @@ def main(argv=None) -> int:
     summary = summarize(runs)
     print(table(summary))
     if args.json:
-        args.json.write_text(json.dumps({"variants": variants, "runs": runs, "summary": summary}, indent=1))
+        args.json.write_text(json.dumps({"variants": plan, "runs": runs, "summary": summary}, indent=1))
     return 0 if runs else 1
 
 

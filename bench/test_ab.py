@@ -21,8 +21,22 @@ def test_parse_variant_refuses_malformed(bad):
 
 
 def test_schedule_alternates_default_and_variants_in_rounds():
-    assert ab.schedule(["p"], ["x", "y"], 2) == [("p", "default", 0), ("p", "x", 0), ("p", "y", 0),
-                                                  ("p", "default", 1), ("p", "x", 1), ("p", "y", 1)]
+    assert ab.schedule({"p": {"x": [], "y": []}}, 2) == [("p", "default", 0), ("p", "x", 0), ("p", "y", 0),
+                                                         ("p", "default", 1), ("p", "x", 1), ("p", "y", 1)]
+
+
+def test_derive_appends_the_suffix_to_warp_specialised_tiles_only():
+    assert ab.parse_derive("direct=_directarrive") == ("direct", "_directarrive")
+    for bad in ["direct", "direct=directarrive", "default=_x", "=_x", "d=_a=b"]:
+        with pytest.raises(ValueError):
+            ab.parse_derive(bad)
+    defaults = {"gate_up": "128x128x64_w8x1_s4_persist_tmacontig", "router_logits": "128x64x64_w8x1_s4_wgmma",
+                "gate_up_dgrad": "128x256x64_w8x1_s4_ws_tmacontig", "router_wgrad": "128x256x64_w8x1_s4_ws",
+                "down_dgrad": "128x128x64_w8x1_s3_wgmma"}
+    assert ab.derived_tiles(defaults, "_directarrive") == [
+        "gate_up=128x128x64_w8x1_s4_persist_tmacontig_directarrive",
+        "gate_up_dgrad=128x256x64_w8x1_s4_ws_tmacontig_directarrive",
+        "router_wgrad=128x256x64_w8x1_s4_ws_directarrive"]
 
 
 def run(variant, step, down, gate, tile="T0"):
@@ -51,22 +65,33 @@ args = sys.argv[1:]
 tiles = args[args.index("--tile") + 1:] if "--tile" in args else []
 if any("ILLEGAL" in t for t in tiles):
     print("error: tile: not legal", file=sys.stderr); sys.exit(2)
+if args[0] == "presets":
+    print(json.dumps([{{"name": "p", "T": 4096}}])); sys.exit(0)
+if args[0] == "generate" and "--json" in args:
+    assert args[args.index("-T") + 1] == "4096"
+    print(json.dumps({{"kernels": [{{"family": "down_proj", "tile": "base_ws"}}, {{"family": "combine", "tile": "-"}},
+                                  {{"family": "router_logits", "tile": "r_wgmma"}}]}})); sys.exit(0)
 if args[0] == "grad-check":
     print("PASS: max relative error 3.8e-03 (tolerance 1e-02)"); sys.exit(0)
 if args[0] == "generate":
     sys.exit(0)
 fast = any("fast" in t for t in tiles)
-print(json.dumps({{"step_ms": 9.0 if fast else 10.0, "kernels": [
-    {{"family": "down_proj", "ms": 1.0 if fast else 2.0, "tile": "fast" if fast else "base"}},
+derived = any(t.endswith("_x") for t in tiles)
+print(json.dumps({{"step_ms": 9.0 if fast else 9.5 if derived else 10.0, "kernels": [
+    {{"family": "down_proj", "ms": 1.0 if fast else 2.0, "tile": "fast" if fast else "base_ws_x" if derived else "base_ws"}},
     {{"family": "combine", "ms": 0.3, "tile": "-"}}]}}))
 """)
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     out = tmp_path / "ab.json"
     rc = ab.main(["--preset", "p", "--variant", "f=down_proj=fast", "--variant", "bad=down_proj=ILLEGAL",
-                  "--rounds", "2", "--grad-check-tokens", "512", "--moeblaze", str(fake), "--json", str(out)])
+                  "--derive", "x=_x", "--rounds", "2", "--grad-check-tokens", "512", "--moeblaze", str(fake),
+                  "--json", str(out)])
     assert rc == 0
     d = json.loads(out.read_text())
-    assert [(r["variant"], r["round"]) for r in d["runs"]] == [("default", 0), ("f", 0), ("default", 1), ("f", 1)]
+    assert d["variants"]["p"]["x"] == ["down_proj=base_ws_x"]  # the warp-specialised default only
+    assert [(r["variant"], r["round"]) for r in d["runs"]] == [
+        ("default", 0), ("f", 0), ("x", 0), ("default", 1), ("f", 1), ("x", 1)]
+    assert d["summary"]["p"]["x"]["step_ratio"] == pytest.approx(10.0 / 9.5)
     assert d["summary"]["p"]["f"]["step_ratio"] == pytest.approx(10.0 / 9.0)
     assert d["summary"]["p"]["f"]["kernel_ratio"]["down_proj"] == pytest.approx(2.0)
     assert "bad" not in d["summary"]["p"]

@@ -67,6 +67,10 @@ Command generate_command() {
   c.add = [st](CLI::App& root) {
     st->app = root.add_subcommand("generate", "generate and NVRTC-compile every kernel of a layer (no GPU needed)");
     st->shape.add(st->app, false);
+    // The default tiles' token rule (heuristics.cpp few_slots_per_expert): the preset's T is not
+    // assumed, since one compiled set serves every T.
+    st->app->add_option("--tokens,-T", st->shape.tokens,
+                        "tokens per step T the default tiles are chosen for (default: none, the E/K rule)");
     st->app->add_option("--arch", st->arch, "target architecture")->capture_default_str();
     st->app->add_flag("--json", st->json, "machine-readable output");
     st->app->add_flag("--source", st->show_source, "print each generated instantiation source");
@@ -85,14 +89,23 @@ Command generate_command() {
     } catch (const InvalidArgument& e) {
       throw InvalidArgument("--arch", e.reason);
     }
-    auto specs = layer_kernel_specs(layer, arch);
+    const int64_t tokens = st->shape.tokens != 0 ? st->shape.token_count(0) : 0;
+    auto specs = layer_kernel_specs(layer, arch, tokens);
     for (const auto& [f, tile] : parse_tiles(st->tiles, "--tile"))
       for (auto& s : specs)
         if (s.family == f) s.tile = tile;
     tie_following_tiles(specs);
     if (st->check_only) {  // generate() throws InvalidArgument("tile", why) on an illegal tile
       for (const auto& s : specs) (void)generate(s);
-      fmt::print("{} for {}: {} kernels, every tile legal\n", layer.describe(), st->arch, specs.size());
+      if (st->json) {
+        fmt::print("{{\"layer\": \"{}\", \"arch\": \"{}\", \"tokens\": {}, \"kernels\": [\n", layer.describe(), st->arch, tokens);
+        for (size_t i = 0; i < specs.size(); ++i)
+          fmt::print("  {{\"family\": \"{}\", \"tile\": \"{}\"}}{}\n", to_string(specs[i].family),
+                     is_tiled(specs[i].family) ? specs[i].tile.to_string() : "-", i + 1 < specs.size() ? "," : "");
+        fmt::print("]}}\n");
+      } else {
+        fmt::print("{} for {}: {} kernels, every tile legal\n", layer.describe(), st->arch, specs.size());
+      }
       return 0;
     }
     if (!st->ptx_dir.empty()) {
