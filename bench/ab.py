@@ -173,12 +173,22 @@ def main(argv=None) -> int:
         ap.error(f"names used twice: {sorted(set(variants) & set(derives))}")
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if args.grad_check_tokens < 0:
+        ap.error("--grad-check-tokens must be 0 (no check) or positive")
+    if args.deadline_s < 0:
+        ap.error("--deadline-s must be 0 (none) or positive")
+    try:
+        tokens = presets_tokens(args.moeblaze)
+    except (OSError, subprocess.CalledProcessError) as e:
+        ap.error(f"--moeblaze {args.moeblaze}: cannot list the presets ({e})")
+    unknown = [p for p in args.preset if p not in tokens]
+    if unknown:
+        ap.error(f"--preset: unknown {unknown}; known: {sorted(tokens)}")
     start = time.monotonic()
 
     def time_left() -> float:
         return float("inf") if args.deadline_s <= 0 else args.deadline_s - (time.monotonic() - start)
 
-    tokens = presets_tokens(args.moeblaze) if derives else {}
     plan: dict[str, dict[str, list[str]]] = {}
     for preset in args.preset:
         plan[preset] = dict(variants)

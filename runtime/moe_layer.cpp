@@ -249,7 +249,7 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
                    dptr<void>(a.scratch, bs.hg),
                    dptr<float>(a.scratch, bs.partials)};
   attach_weight_maps(dd, dg, l);
-  // 3. Weight gradients. dW2 right after each column chunk of the down dgrad, whose hg
+  // 3. dW2, right after each column chunk of the down dgrad, whose hg
   // columns it reads (hg is held one chunk at a time: backward_chunk_cols).
   const TileConfig& wt2 = ks.get(KernelFamily::down_wgrad).generated.spec.tile;
   WgradArgs w2{rv, cptr(a.dy), dptr<void>(a.scratch, bs.hg), dptr<void>(a.dw2), nullptr, accumulate};
@@ -302,12 +302,13 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
       ks.launch(KernelFamily::router_wgrad, kRouterWgradBlocks, rwg, stream, a.observer);
     }
   }
+  // 5. dW1, dW3.
   const TileConfig& wt1 = ks.get(KernelFamily::gate_up_wgrad).generated.spec.tile;
   WgradArgs w1{rv, H, cptr(a.x), dptr<void>(a.dw1), const_cast<void*>(second_part(l, a.dw1, a.dw3)), accumulate};
   attach_dh_map(w1, wt1, TK, int64_t{G} * n);
   attach_output_maps(w1, wt1, E, n, d, d, w1.out0, G == 2 ? w1.out1 : nullptr, l.w1_rows());
   ks.launch(KernelFamily::gate_up_wgrad, E * ceil_div(G * n, wt1.bm) * ceil_div(d, wt1.bn), w1, stream, a.observer);
-  // 5. Token gradient: per-slot dx, then the fixed-order sum over each token's K slots (added
+  // 6. Token gradient: per-slot dx, then the fixed-order sum over each token's K slots (added
   // onto the router's part of dx where there is a router).
   const TileConfig& ud = ks.get(KernelFamily::gate_up_dgrad).generated.spec.tile;
   GateUpDgradArgs udg{rv, H, cptr(a.w1), second_part(l, a.w1, a.w3), dptr<void>(a.scratch, bs.dxs)};

@@ -123,15 +123,15 @@ void attach_weight_maps(GateUpDgradArgs& ud, const TileConfig& t, const LayerCon
   if (ud.w3)
     ud.tma_w3 = encode_weight_map(reinterpret_cast<CUdeviceptr>(ud.w3), w3_map_rows(l), l.shape.hidden, 64, "w3");
 }
+// A [slots, d] per-slot output as one "expert" of the 3-D output maps.
+static TmaMap slot_rows_map(const void* rows, const TileConfig& t, const LayerConfig& l, int64_t slots, const char* name) {
+  return encode_output_map(reinterpret_cast<CUdeviceptr>(rows), 1, slots, l.shape.hidden, l.shape.hidden, t.bm, name);
+}
 void attach_output_map(DownProjArgs& down, const TileConfig& t, const LayerConfig& l, int64_t slots) {
-  if (t.tma_store)
-    down.tma_o = encode_output_map(reinterpret_cast<CUdeviceptr>(down.o), 1, slots, l.shape.hidden, l.shape.hidden,
-                                   t.bm, "o");
+  if (t.tma_store) down.tma_o = slot_rows_map(down.o, t, l, slots, "o");
 }
 void attach_output_map(GateUpDgradArgs& ud, const TileConfig& t, const LayerConfig& l, int64_t slots) {
-  if (t.tma_store)
-    ud.tma_dxs = encode_output_map(reinterpret_cast<CUdeviceptr>(ud.dxs), 1, slots, l.shape.hidden, l.shape.hidden,
-                                   t.bm, "dxs");
+  if (t.tma_store) ud.tma_dxs = slot_rows_map(ud.dxs, t, l, slots, "dxs");
 }
 // gate_up_wgrad reads dH (A: [T*K, G*n]), down_wgrad hg (B: [T*K, cols], rows ld apart) by TMA.
 void attach_dh_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols) {

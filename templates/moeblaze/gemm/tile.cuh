@@ -11,10 +11,10 @@ namespace moeblaze::gemm {
 // operands that are not gathered come by TMA (gemm/tma_loaders.cuh). ALT_ORDER_: the other tile
 // order (gemm/scheduler/tile_schedule.cuh). TMA_STORE_: the output tile leaves through shared
 // memory by TMA stores (gemm/epilogue/tma_store.cuh): 1 staged whole, 2 staged 64 columns at a
-// time in two buffers taken in turn ("_tmastore64"). DIRECT_ARRIVE_: the warp-specialised
-// pipeline without the `landed` barriers (gemm/mainloop/warp_specialized.cuh). CLUSTER_: blocks per thread-block cluster
+// time in two buffers taken in turn ("_tmastore64"). CLUSTER_: blocks per thread-block cluster
 // along M (1 or 2): the two blocks of a pair compute the two halves of a 2*BM-row tile and share
-// its B operand's stages, each loading half of them by TMA multicast into both.
+// its B operand's stages, each loading half of them by TMA multicast into both. DIRECT_ARRIVE_:
+// the warp-specialised pipeline without the `landed` barriers (gemm/mainloop/warp_specialized.cuh).
 // With wgmma WARPS_N = 1 and WARPS_M = BM/16 (cooperative: one 16-row slab per warp) or 4
 // (ping-pong: one warpgroup per tile, BM/64 m64 slabs per warp), which is how wgmma lays out its
 // accumulators. THREADS counts the threads that hold one tile's accumulators; CONSUMER_THREADS
@@ -26,7 +26,7 @@ struct Tile {
   static constexpr int STAGES = STAGES_, NB = NB_;
   static constexpr bool TMA_CONTIGUOUS = TMA_CONTIGUOUS_ != 0;
   static constexpr bool ALT_ORDER = ALT_ORDER_ != 0;
-  // The consumers go on to the next tile while the TMA stores drain (weight gradients).
+  // The consumers go on to the next tile while the TMA stores drain (weight gradients, per-slot outputs).
   static constexpr bool TMA_STORE = TMA_STORE_ != 0;
   static constexpr bool STORE_BLOCKS = TMA_STORE_ == 2;
   static constexpr bool WGMMA = uses_wgmma(Mainloop(MAINLOOP_));
