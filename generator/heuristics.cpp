@@ -64,24 +64,54 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
       }
       return tma(wgmma_tile(128, 256, 4, mainloop));
     };
-    // The per-slot outputs (down_proj's o, gate_up_dgrad's dxs) on short reductions: the
-    // TMA-store epilogue on a persistent tile, whose 3 stages leave room for the staging
-    // buffer and whose consumers start the next tile while the stores drain
+    // The TMA-store epilogue in 64-column blocks (_tmastore64): the consumers stage 64 columns
+    // at a time in two 16 KiB buffers and go on while the stores drain, and the fourth 48 KiB
+    // stage stays (a whole-tile staging buffer costs it). Default for the four families whose
+    // output leaves by TMA store: the per-slot outputs (down_proj's o, gate_up_dgrad's dxs) and
+    // the weight gradients, on every reduction length. Against the previous defaults (ms, the
+    // same call, two alternating rounds; bench/results/2026-12-01-tmastore64-directarrive/):
+    // down_proj qwen3-30b-a3b 1.560 -> 1.590 (within the run's noise), mixtral-8x7b 5.862 ->
+    // 5.832, gpt-oss-20b (from 128x192) 1.870 -> 1.826, deepseek-v3 8.121 -> 7.681;
+    // gate_up_dgrad qwen3-30b-a3b 2.797 -> 2.689, olmoe-1b-7b 3.601 -> 3.412, mixtral-8x7b
+    // 11.324 -> 11.399, gpt-oss-20b (from 128x192) 3.399 -> 3.438, deepseek-v3 13.829 -> 13.669.
+    // Where the layer cannot take it (expert biases on down_proj, no TMA loads) the earlier
+    // rules below pick the tile.
+    auto blocks_store_tile = [&]() {
+      TileConfig t = wgmma_tile(128, 256, 4, Mainloop::persistent);
+      t.tma_contiguous = t.tma_store = t.tma_store_blocks = true;
+      return t;
+    };
+    auto legal = [&](const TileConfig& t) { return legality_problem(KernelSpec{family, layer, t, arch}).empty(); };
+    // The per-slot outputs without _tmastore64, on short reductions: the whole-tile TMA-store
+    // epilogue on a persistent tile, whose 3 stages leave room for the staging buffer
     // (gemm/epilogue/row_store.cuh). Against the 4-stage tiles (ms; k-steps of 64 a tile):
     // down_proj qwen3-30b-a3b (12) 2.006 -> 1.553, deepseek-v3 (32) 8.269 -> 8.102, gpt-oss-20b
     // (45, 128x192) 1.880 -> 1.849, mixtral-8x7b (224) 5.818 -> 6.216; gate_up_dgrad (from
     // `_ws`) qwen3-30b-a3b (24) 3.082 -> 2.772, deepseek-v3 (64) 13.743 -> 14.633, gpt-oss-20b
     // (90) 3.396 -> 3.746, mixtral-8x7b (448) 11.383 -> 12.174. On long reductions the fourth
-    // stage is worth more than the overlap, as for the weight gradients. Where the layer
-    // cannot take it (expert biases on down_proj, no TMA loads) the 4-stage tile stays.
+    // stage is worth more than the overlap. Where the layer cannot take it either, the 4-stage
+    // tile stays.
     auto slot_rows_tile = [&](Mainloop mainloop) {
+      if (const TileConfig blocks = blocks_store_tile(); legal(blocks)) return blocks;
       const TileConfig wide = wide_tile(mainloop);
       const int reduction = family == KernelFamily::down_proj ? layer.shape.ffn : layer.gate_parts() * layer.shape.ffn;
       if (reduction > kShortSlotReduction) return wide;
       TileConfig staged = wgmma_tile(wide.bm, wide.bn, 3, Mainloop::persistent);
       staged.tma_contiguous = wide.tma_contiguous;
       staged.tma_store = true;
-      return legality_problem(KernelSpec{family, layer, staged, arch}).empty() ? staged : wide;
+      return legal(staged) ? staged : wide;
+    };
+    // The gathered backward GEMMs' producer with its copies arriving on the consumers' full
+    // barrier (`cp.async.mbarrier.arrive.noinc`, _directarrive) instead of its polling a
+    // `landed` barrier and arriving itself: one hop less before the consumers start and no
+    // polling on the producer's issue path. Measured on the default tiles of all six suite
+    // shapes (ms, the same call): gate_up_wgrad 1.13x-1.16x and down_wgrad 1.04x-1.14x faster,
+    // down_dgrad 1.00x-1.06x; gate_up (its gathered rows fetched once a tile) 0.96x-0.99x and
+    // 0.83x on deepseek-v3, so gate_up keeps the polling producer.
+    auto direct = [&](TileConfig t) {
+      TileConfig with = t;
+      with.direct_arrive = true;
+      return legal(with) ? with : t;
     };
     switch (family) {
       case KernelFamily::gate_up: return tma(wgmma_tile(128, 128, 4, Mainloop::persistent));  // gated: 2 x 128 columns
@@ -101,11 +131,15 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
         // depend on the step's tokens, which the runtime's load hint gives (the bindings load
         // one kernel set per token bucket); without it E / K stands in. `moeblaze tune`
         // measures both tiles.
+        // With _tmastore64 and _directarrive (above) on every suite shape: gate_up_wgrad /
+        // down_wgrad ms, previous default -> this one: qwen3-30b-a3b 3.488 / 1.619 -> 2.968 /
+        // 1.432, mixtral-8x7b (4-stage direct stores) 16.620 / 7.572 -> 14.062 / 6.568,
+        // deepseek-v3 20.086 / 9.781 -> 17.726 / 9.083; the 3-stage _tmastore tile with
+        // _directarrive ran between the two on five shapes and level on deepseek-v3.
+        if (const TileConfig blocks = direct(blocks_store_tile()); legal(blocks)) return blocks;
         TileConfig staged = tma(wgmma_tile(128, 256, 3, Mainloop::persistent));
         staged.tma_store = true;
-        if (few_slots_per_expert(layer, tokens) &&
-            legality_problem(KernelSpec{family, layer, staged, arch}).empty())
-          return staged;
+        if (few_slots_per_expert(layer, tokens) && legal(staged)) return staged;
         return tma(wgmma_tile(128, 256, 4, Mainloop::persistent));
       }
       case KernelFamily::gate_up_dgrad: return slot_rows_tile(Mainloop::warp_specialized);
@@ -120,9 +154,11 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
         // keep the two-blocks-per-SM tile, whose epilogue overlaps the other block's mainloop.
         // The clamped SwiGLU (GPT-OSS) keeps more values live per element: its epilogue spills
         // 8 bytes on the persistent tile (ptxas, CUDA 13.0), so it stays on the 128x128 one.
+        // With _directarrive (above): mixtral-8x7b 8.276 -> 7.815, deepseek-v3 8.558 -> 8.209,
+        // qwen3-30b-a3b level (2.147).
         TileConfig wide = tma(wgmma_tile(128, 256, 4, Mainloop::persistent));
         if (wide.tma_contiguous && layer.shape.hidden >= kLongDgradReduction && layer.activation != Activation::clamped_swiglu)
-          return wide;
+          return direct(wide);
         return wgmma_tile(128, 128, 3);
       }
       // The router GEMMs (one tile per block, cp.async loads). logits = x W_r^T: a 128x256

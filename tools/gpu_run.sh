@@ -56,6 +56,7 @@ Environment (all optional):
   MOEBLAZE_DEV_DRY_RUN           1: as --dry-run
   MOEBLAZE_DEV_PRESETS           presets of defaults, tune, tuned and regress, space-separated
                                  (default: qwen3-30b-a3b; `BUILD/bin/moeblaze presets` lists them)
+  MOEBLAZE_DEV_KINDS             the kinds step's tile kinds, space-separated (default: all of them)
   MOEBLAZE_DEV_KIND_PRESETS      presets on which kinds also grad-checks every kind (default: none)
   MOEBLAZE_DEV_TUNE_BUDGET       seconds of tuning per preset (default: 75)
   MOEBLAZE_DEV_TUNE_CANDIDATES   candidates per GEMM family (default: 8)
@@ -220,8 +221,12 @@ kind_tiles() {
     pingpong_cluster) echo "--tile gate_up=64x128x64_w4x1_s5_pingpong_tmacontig_cluster2x1 --tile down_proj=64x256x64_w4x1_s5_pingpong_tmacontig_cluster2x1" ;;
   esac
 }
-KINDS="wgmma ws persist tma_fwd tma_wgrad tma_dgrad bn192 tmastore tmastore_small slot_tmastore tmastore64 directarrive wgrad256 dgrad_wide
+ALL_KINDS="wgmma ws persist tma_fwd tma_wgrad tma_dgrad bn192 tmastore tmastore_small slot_tmastore tmastore64 directarrive wgrad256 dgrad_wide
 dgrad_narrow altorder pingpong pingpong64 cluster pingpong_cluster"
+KINDS=${MOEBLAZE_DEV_KINDS:-$ALL_KINDS}
+for k in $KINDS; do
+  case " $(echo $ALL_KINDS) " in *" $k "*) ;; *) echo "gpu_run: unknown kind '$k' in MOEBLAZE_DEV_KINDS; kinds: $(echo $ALL_KINDS)" >&2; exit 2 ;; esac
+done
 
 # Small shapes, each for a reason: (E K d n T, then routing, mode, activation or precision).
 case_args() {
