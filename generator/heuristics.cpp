@@ -66,14 +66,14 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
     };
     // The TMA-store epilogue in 64-column blocks (_tmastore64): the consumers stage 64 columns
     // at a time in two 16 KiB buffers and go on while the stores drain, and the fourth 48 KiB
-    // stage stays (a whole-tile staging buffer costs it). Default for the four families whose
-    // output leaves by TMA store: the per-slot outputs (down_proj's o, gate_up_dgrad's dxs) and
-    // the weight gradients, on every reduction length. Against the previous defaults (ms, the
-    // same call, two alternating rounds; bench/results/2026-12-01-tmastore64-directarrive/):
-    // down_proj qwen3-30b-a3b 1.560 -> 1.590 (within the run's noise), mixtral-8x7b 5.862 ->
-    // 5.832, gpt-oss-20b (from 128x192) 1.870 -> 1.826, deepseek-v3 8.121 -> 7.681;
-    // gate_up_dgrad qwen3-30b-a3b 2.797 -> 2.689, olmoe-1b-7b 3.601 -> 3.412, mixtral-8x7b
-    // 11.324 -> 11.399, gpt-oss-20b (from 128x192) 3.399 -> 3.438, deepseek-v3 13.829 -> 13.669.
+    // stage stays (a whole-tile staging buffer costs it). Default of the per-slot outputs
+    // (down_proj's o, gate_up_dgrad's dxs) on every reduction length, and of the weight
+    // gradients where an expert's slots are many (below). Against the previous defaults (ms, the
+    // same call, two alternating rounds; docs/performance.md "Decisions"): down_proj
+    // qwen3-30b-a3b 1.560 -> 1.590 (within the run's noise), mixtral-8x7b 5.862 -> 5.832,
+    // gpt-oss-20b (from 128x192) 1.870 -> 1.826, deepseek-v3 8.121 -> 7.681; gate_up_dgrad
+    // qwen3-30b-a3b 2.797 -> 2.689, olmoe-1b-7b 3.601 -> 3.412, mixtral-8x7b 11.324 -> 11.399,
+    // gpt-oss-20b (from 128x192) 3.399 -> 3.438, deepseek-v3 13.829 -> 13.669.
     // Where the layer cannot take it (expert biases on down_proj, no TMA loads) the earlier
     // rules below pick the tile.
     auto blocks_store_tile = [&]() {
@@ -118,28 +118,28 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
       case KernelFamily::down_proj: return slot_rows_tile(Mainloop::persistent);
       case KernelFamily::gate_up_wgrad:
       case KernelFamily::down_wgrad: {
-        // The TMA-store epilogue (_tmastore): the consumers stage the tile in shared memory and
-        // go on to the next tile while the stores drain; 3 stages leave room for the 64 KiB
-        // staging buffer. It pays where an output tile's reduction over one expert's slots is
-        // short (T K / E slots: few k-steps per tile, the epilogue a large part of it) and
-        // costs where it is long (the fourth stage matters more). gate_up_wgrad / down_wgrad ms,
-        // 4-stage direct stores -> _tmastore: deepseek-v3 (512 slots per expert) 28.6 / 12.6 ->
-        // 19.3 / 9.6 (step 87.2 -> 77.2); gpt-oss-20b (2048) 5.04 / 2.30 -> 4.69 / 2.21;
-        // mixtral-8x7b (4096) 16.14 / 7.43 -> 17.11 / 7.69; olmoe-1b-7b at 32768 tokens (4096)
-        // tunes to the 4-stage tiles, 2.04 / 4.45 -> 1.90 / 4.17. At exactly 2048 the 4-stage
-        // tiles lose (gpt-oss gate_up_wgrad 4.77 with _tmastore, 5.21 without). The slots per expert
-        // depend on the step's tokens, which the runtime's load hint gives (the bindings load
-        // one kernel set per token bucket); without it E / K stands in. `moeblaze tune`
-        // measures both tiles.
-        // With _tmastore64 and _directarrive (above) on every suite shape: gate_up_wgrad /
-        // down_wgrad ms, previous default -> this one: qwen3-30b-a3b 3.488 / 1.619 -> 2.968 /
-        // 1.432, mixtral-8x7b (4-stage direct stores) 16.620 / 7.572 -> 14.062 / 6.568,
-        // deepseek-v3 20.086 / 9.781 -> 17.726 / 9.083; the 3-stage _tmastore tile with
-        // _directarrive ran between the two on five shapes and level on deepseek-v3.
-        if (const TileConfig blocks = direct(blocks_store_tile()); legal(blocks)) return blocks;
+        // Both take _directarrive (above). The epilogue, by the slots an expert has (T K / E, the
+        // tiles' reduction length; the runtime's load hint gives T, the bindings load one kernel
+        // set per token bucket, and without it E / K stands in):
+        // - Few (at most 2048): the whole-tile TMA-store epilogue (_tmastore, 3 stages), against
+        //   4-stage register stores: deepseek-v3 (512 slots) gate_up_wgrad / down_wgrad 28.6 /
+        //   12.6 -> 19.3 / 9.6 ms, gpt-oss-20b (2048) 5.04 / 2.30 -> 4.69 / 2.21. _tmastore64 is
+        //   faster still in bf16 (qwen3-30b-a3b 3.068 / 1.468 -> 2.968 / 1.432, deepseek-v3
+        //   17.874 / 8.957 -> 17.726 / 9.083, with _directarrive on both), but adds an fp32 main
+        //   gradient from registers, where _tmastore reduce-adds it by TMA in 64-row slabs: on
+        //   deepseek-v3 the register path made the fp32-accumulating step 151.7 ms against 91.0.
+        //   So these layers keep _tmastore until _tmastore64 has an fp32 TMA path.
+        // - Many (mixtral-8x7b, 4096): _tmastore64, which keeps the fourth stage beside 64-column
+        //   staging: 16.620 / 7.572 (4-stage register stores) -> 14.062 / 6.568; the whole-tile
+        //   staging had lost there (16.14 / 7.43 -> 17.11 / 7.69). fp32 main gradients take the
+        //   register epilogue on both.
+        // Where TMA stores are illegal (output rows not a multiple of 8 elements), the 4-stage
+        // tile with register stores.
         TileConfig staged = tma(wgmma_tile(128, 256, 3, Mainloop::persistent));
         staged.tma_store = true;
+        staged = direct(staged);
         if (few_slots_per_expert(layer, tokens) && legal(staged)) return staged;
+        if (const TileConfig blocks = direct(blocks_store_tile()); legal(blocks)) return blocks;
         return tma(wgmma_tile(128, 256, 4, Mainloop::persistent));
       }
       case KernelFamily::gate_up_dgrad: return slot_rows_tile(Mainloop::warp_specialized);

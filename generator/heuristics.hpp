@@ -15,8 +15,9 @@ namespace moeblaze {
 TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch, int64_t tokens = 0);
 
 // Whether an expert's slots (T K / E, the weight gradients' reduction length) are few enough
-// that the TMA-store epilogue pays (at most 2048: 32 k-steps of 64); with T unknown (0), E / K
-// >= 8 stands in (at most 2048 slots per expert up to 16384 tokens).
+// that the whole-tile TMA-store epilogue pays against the 4-stage tiles (at most 2048: 32
+// k-steps of 64); with T unknown (0), E / K >= 8 stands in (at most 2048 slots per expert up to
+// 16384 tokens). Those layers' weight gradients keep that epilogue for its fp32 path.
 bool few_slots_per_expert(const LayerConfig& layer, int64_t tokens);
 
 // The columns an expert GEMM's output tiles cover (its N; 0 for the other families).

@@ -33,25 +33,35 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
     return t;
   };
   if (has_wgmma(arch) && def.warp_specialized()) add(with_tma(def));
-  // The weight gradients' TMA-store epilogue: the persistent 128x256 tile at 3 stages (the
-  // staging buffer takes the fourth stage's shared memory) and the 128x128 one at 4; and the
-  // 4-stage direct-store tile, which wins where an expert's slots are many (the default picks
-  // between them by E / K, generator/heuristics.cpp).
+  // The weight gradients: first the two staged tiles with the producer's direct arrivals,
+  // whichever the default is not (the default picks by the slots an expert has,
+  // generator/heuristics.cpp): _tmastore64 (faster in bf16 where slots are few, but fp32 main
+  // gradients from registers) and _tmastore (3 stages, the few-slot default). Then the earlier
+  // defaults: _tmastore on the persistent 128x256 tile and the 4-stage register-store tile (the
+  // 128x128 _tmastore tile comes after the established kinds).
   if (has_wgmma(arch) && (family == KernelFamily::gate_up_wgrad || family == KernelFamily::down_wgrad)) {
-    for (TileConfig t : {wgmma_tile(128, 256, 3, Mainloop::persistent), wgmma_tile(128, 128, 4, Mainloop::persistent)}) {
-      t.tma_contiguous = t.tma_store = true;
-      add(t);
-    }
+    TileConfig blocks = with_tma(wgmma_tile(128, 256, 4, Mainloop::persistent));
+    blocks.tma_store = blocks.tma_store_blocks = blocks.direct_arrive = true;
+    TileConfig staged = with_tma(wgmma_tile(128, 256, 3, Mainloop::persistent));
+    staged.tma_store = staged.direct_arrive = true;
+    add(staged);
+    add(blocks);
+    TileConfig plain_staged = with_tma(wgmma_tile(128, 256, 3, Mainloop::persistent));
+    plain_staged.tma_store = true;
+    add(plain_staged);
     add(with_tma(wgmma_tile(128, 256, 4, Mainloop::persistent)));
   }
-  // The per-slot outputs (down_proj, gate_up_dgrad): the TMA-store persistent tile and the
-  // 4-stage one, whichever the default is not (the default picks by reduction length).
+  // The per-slot outputs' (down_proj, gate_up_dgrad) earlier defaults: the whole-tile TMA-store
+  // persistent tile (short reductions) and the 4-stage register-store one (long), 192 wide
+  // where that fills the last column of tiles.
   if (has_wgmma(arch) && (family == KernelFamily::down_proj || family == KernelFamily::gate_up_dgrad)) {
-    TileConfig staged = wgmma_tile(def.bm, def.bn, 3, Mainloop::persistent);
-    staged.tma_contiguous = staged.tma_store = true;
-    add(staged);
-    add(with_tma(wgmma_tile(def.bm, def.bn, 4, family == KernelFamily::down_proj ? Mainloop::persistent
-                                                                              : Mainloop::warp_specialized)));
+    for (int bn : {def.bn, fits_192_better(family, layer) ? 192 : def.bn}) {
+      TileConfig staged = wgmma_tile(def.bm, bn, 3, Mainloop::persistent);
+      staged.tma_contiguous = staged.tma_store = true;
+      add(staged);
+      add(with_tma(wgmma_tile(def.bm, bn, 4, family == KernelFamily::down_proj ? Mainloop::persistent
+                                                                             : Mainloop::warp_specialized)));
+    }
   }
   // The other tile order of the default (`add` keeps it for the expert GEMMs' wgmma tiles).
   if (has_wgmma(arch)) {
@@ -114,6 +124,14 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
   // After the kinds that won somewhere on the suite: the newer kinds, measured slower or not yet
   // measured on the suite shapes (docs/performance.md), so a short tune still spans the established
   // ones first.
+  // The default with the producer's other barrier protocol (_directarrive on or off): it won on
+  // the gathered backward GEMMs and lost on gate_up (generator/heuristics.cpp), by
+  // a few percent either way.
+  if (has_wgmma(arch) && def.warp_specialized()) {
+    TileConfig other = def;
+    other.direct_arrive = !def.direct_arrive;
+    add(other);
+  }
   // Cluster pairs sharing the weight operand by TMA multicast: the default made a pair (its
   // persistent form where it is one-tile), and the 64-row ping-pong tile as a pair (the pair
   // loads the weight stage once for 128 rows, as the cooperative 128-row tile does).
@@ -141,6 +159,12 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
         add(t);
       }
     }
+  }
+  // The weight gradients' 128x128 persistent _tmastore tile (4 stages beside its 32 KiB staging).
+  if (has_wgmma(arch) && (family == KernelFamily::gate_up_wgrad || family == KernelFamily::down_wgrad)) {
+    TileConfig t = with_tma(wgmma_tile(128, 128, 4, Mainloop::persistent));
+    t.tma_store = true;
+    add(t);
   }
   for (const auto& t : wgmma) add(t);
   for (const auto& t : sync) add(t);

@@ -466,8 +466,8 @@ TEST_CASE("generator: 192-column wgmma tiles compile for the expert GEMMs (m64n1
     return t;
   };
   const TileConfig persist = narrow(default_tile(KernelFamily::down_proj, gpt, Arch::sm_90a));
-  CHECK(persist.to_string() == "128x192x64_w8x1_s3_persist_tmacontig_tmastore");  // short reduction: TMA-store
-  CHECK(TileConfig::parse("128x192x64_w8x1_s3_persist_tmacontig_tmastore") == persist);
+  CHECK(persist.to_string() == "128x192x64_w8x1_s4_persist_tmacontig_tmastore64");
+  CHECK(TileConfig::parse("128x192x64_w8x1_s4_persist_tmacontig_tmastore64") == persist);
   std::vector<KernelSpec> specs;
   for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::gate_up_dgrad, KernelFamily::gate_up_wgrad})
     specs.push_back({f, gpt, narrow(default_tile(f, gpt, Arch::sm_90a)), Arch::sm_90a});

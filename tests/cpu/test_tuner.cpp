@@ -250,47 +250,73 @@ TEST_CASE("tuner: the runtime's hash is standard FNV-1a 64 and agrees with the c
 
 TEST_CASE("tuner: 192-column tiles where the output is a multiple of 192 but not of 256") {
   const LayerConfig gpt = find_preset("gpt-oss-20b").layer;  // d = n = 2880
-  // The all-TMA GEMMs take 192 by default (measured faster on the H200), gate_up_wgrad keeps 256 and
-  // has the 192-wide tile as a candidate.
+  // The all-TMA GEMMs default to 256-wide _tmastore64 tiles (measured faster on the H200 than their
+  // earlier 192-wide defaults), which stay candidates, as does a 192-wide gate_up_wgrad.
   for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::gate_up_dgrad}) {
     INFO(to_string(f));
     CHECK(fits_192_better(f, gpt));
-    const TileConfig def = default_tile(f, gpt, Arch::sm_90a);
-    CHECK(def.bn == 192);
-    CHECK(legality_problem(KernelSpec{f, gpt, def, Arch::sm_90a}).empty());
+    CHECK(default_tile(f, gpt, Arch::sm_90a).bn == 256);
+    const auto c = tile_candidates(f, gpt, Arch::sm_90a, 12);
+    const int narrow = static_cast<int>(std::count_if(c.begin(), c.end(), [](const TileConfig& t) { return t.bn == 192; }));
+    CHECK(narrow >= 2);  // the whole-tile TMA-store one and the 4-stage one
+    for (const auto& t : c) CHECK_MESSAGE(legality_problem(KernelSpec{f, gpt, t, Arch::sm_90a}).empty(), t.to_string());
   }
   const auto c = tile_candidates(KernelFamily::gate_up_wgrad, gpt, Arch::sm_90a, 8);
   TileConfig narrow = default_tile(KernelFamily::gate_up_wgrad, gpt, Arch::sm_90a);
   REQUIRE(narrow.bn == 256);
   narrow.bn = 192;
   CHECK(std::find(c.begin(), c.end(), narrow) != c.end());
-  for (const char* p : {"mixtral-8x7b", "olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-v3", "qwen3-next-80b"})
-    for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::gate_up_dgrad}) {
-      INFO(p << " " << to_string(f));
-      CHECK(default_tile(f, find_preset(p).layer, Arch::sm_90a).bn == 256);
-    }
   for (const auto& t : tile_candidates(KernelFamily::down_wgrad, gpt, Arch::sm_90a, 8)) CHECK(t.bn != 192);  // chunked dW2
   const LayerConfig mixtral = find_preset("mixtral-8x7b").layer;  // 4096 and 14336: multiples of 256
-  for (const auto& t : tile_candidates(KernelFamily::down_proj, mixtral, Arch::sm_90a, 8)) CHECK(t.bn != 192);
+  for (const auto& t : tile_candidates(KernelFamily::down_proj, mixtral, Arch::sm_90a, 12)) CHECK(t.bn != 192);
 }
 
-TEST_CASE("tuner: the weight gradients default to the TMA-store epilogue where experts are many per pick") {
-  for (KernelFamily f : {KernelFamily::gate_up_wgrad, KernelFamily::down_wgrad}) {
-    INFO(to_string(f));
-    // E / K >= 8: few slots per expert, short reductions per tile (deepseek-v3, qwen3, gpt-oss)
-    for (const char* p : {"deepseek-v3", "qwen3-30b-a3b", "qwen3-next-80b", "gpt-oss-20b", "olmoe-1b-7b"}) {
-      const TileConfig t = default_tile(f, find_preset(p).layer, Arch::sm_90a);
-      CHECK_MESSAGE(t.to_string() == "128x256x64_w8x1_s3_persist_tmacontig_tmastore", p);
-    }
-    // mixtral-8x7b (E / K = 4): long reductions, where the fourth stage measured faster
-    CHECK(default_tile(f, find_preset("mixtral-8x7b").layer, Arch::sm_90a).to_string() == "128x256x64_w8x1_s4_persist_tmacontig");
-    // and both kinds stay candidates for the tuner
-    for (const char* p : {"deepseek-v3", "mixtral-8x7b"}) {
+TEST_CASE("tuner: the TMA-store families default to _tmastore64, the few-slot weight gradients to _tmastore; earlier defaults stay candidates") {
+  const char* const presets[] = {"mixtral-8x7b", "gpt-oss-20b", "olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-v3", "qwen3-next-80b"};
+  for (const char* p : presets) {
+    const LayerConfig l = find_preset(p).layer;
+    for (KernelFamily f : {KernelFamily::gate_up_wgrad, KernelFamily::down_wgrad}) {
+      INFO(p << " " << to_string(f));
+      // E / K >= 8 (T unknown): few slots per expert, the whole-tile staging and its fp32 TMA path;
+      // mixtral-8x7b (E / K = 4): _tmastore64. Both with the producer's direct arrivals.
+      const bool few = std::string(p) != "mixtral-8x7b";
+      CHECK(default_tile(f, l, Arch::sm_90a).to_string() ==
+            (few ? "128x256x64_w8x1_s3_persist_tmacontig_tmastore_directarrive"
+                 : "128x256x64_w8x1_s4_persist_tmacontig_tmastore64_directarrive"));
       std::set<std::string> names;
-      for (const auto& t : tile_candidates(f, find_preset(p).layer, Arch::sm_90a, 8)) names.insert(t.to_string());
-      CHECK_MESSAGE(names.count("128x256x64_w8x1_s3_persist_tmacontig_tmastore") == 1, p);
-      CHECK_MESSAGE(names.count("128x256x64_w8x1_s4_persist_tmacontig") == 1, p);
+      for (const auto& t : tile_candidates(f, l, Arch::sm_90a, 16)) names.insert(t.to_string());
+      CHECK(names.count("128x256x64_w8x1_s3_persist_tmacontig_tmastore") == 1);
+      CHECK(names.count("128x256x64_w8x1_s4_persist_tmacontig") == 1);
+      CHECK(names.count("128x256x64_w8x1_s4_persist_tmacontig_tmastore64_directarrive") == 1);
     }
+    for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::gate_up_dgrad}) {
+      INFO(p << " " << to_string(f));
+      CHECK(default_tile(f, l, Arch::sm_90a).to_string() == "128x256x64_w8x1_s4_persist_tmacontig_tmastore64");
+      std::set<std::string> names;
+      for (const auto& t : tile_candidates(f, l, Arch::sm_90a, 8)) names.insert(t.to_string());
+      CHECK(names.count("128x256x64_w8x1_s3_persist_tmacontig_tmastore") == 1);
+      CHECK(names.count(f == KernelFamily::down_proj ? "128x256x64_w8x1_s4_persist_tmacontig" : "128x256x64_w8x1_s4_ws_tmacontig") == 1);
+    }
+    // gate_up keeps the polling producer (direct arrivals measured slower there), as a candidate
+    INFO(p);
+    CHECK_FALSE(default_tile(KernelFamily::gate_up, l, Arch::sm_90a).direct_arrive);
+    TileConfig up = default_tile(KernelFamily::gate_up, l, Arch::sm_90a);
+    up.direct_arrive = true;
+    const auto c = tile_candidates(KernelFamily::gate_up, l, Arch::sm_90a, 16);
+    CHECK(std::find(c.begin(), c.end(), up) != c.end());
+  }
+  // Where the layer cannot take TMA stores, the 4-stage register-store tiles: down_proj with expert
+  // biases, and weight gradients whose output rows are not 16-byte aligned.
+  LayerConfig biased = find_preset("gpt-oss-20b").layer;
+  biased.expert_bias = true;
+  CHECK_FALSE(default_tile(KernelFamily::down_proj, biased, Arch::sm_90a).tma_store);
+  CHECK(default_tile(KernelFamily::gate_up_dgrad, biased, Arch::sm_90a).tma_store_blocks);
+  LayerConfig odd = find_preset("qwen3-30b-a3b").layer;
+  odd.shape.hidden = 2052;  // d % 8 = 4: dW1 / dW3 rows of 2052 elements
+  for (int64_t T : {int64_t{0}, int64_t{4096}, int64_t{65536}}) {
+    const TileConfig w = default_tile(KernelFamily::gate_up_wgrad, odd, Arch::sm_90a, T);
+    CHECK_FALSE(w.tma_store);
+    CHECK(legality_problem(KernelSpec{KernelFamily::gate_up_wgrad, odd, w, Arch::sm_90a}).empty());
   }
 }
 
@@ -299,29 +325,31 @@ TEST_CASE("tuner: with the step's tokens known, the weight gradients' default fo
   const LayerConfig mixtral = find_preset("mixtral-8x7b").layer;  // E = 8, K = 2
   CHECK(few_slots_per_expert(olmoe, 16384));    // 2048 slots per expert
   CHECK_FALSE(few_slots_per_expert(olmoe, 16385));
-  CHECK_FALSE(few_slots_per_expert(olmoe, 32768));  // its preset's tokens: 4096 (tuned: the 4-stage tiles)
+  CHECK_FALSE(few_slots_per_expert(olmoe, 32768));  // its preset's tokens: 4096
   CHECK(few_slots_per_expert(mixtral, 8192));       // 2048
   CHECK_FALSE(few_slots_per_expert(mixtral, 0));    // unknown T: E / K = 4
   CHECK(few_slots_per_expert(olmoe, 0));            // unknown T: E / K = 8
   for (KernelFamily f : {KernelFamily::gate_up_wgrad, KernelFamily::down_wgrad}) {
     INFO(to_string(f));
-    CHECK(default_tile(f, olmoe, Arch::sm_90a, 32768).to_string() == "128x256x64_w8x1_s4_persist_tmacontig");
-    CHECK(default_tile(f, olmoe, Arch::sm_90a, 4096).to_string() == "128x256x64_w8x1_s3_persist_tmacontig_tmastore");
-    CHECK(default_tile(f, mixtral, Arch::sm_90a, 2048).to_string() == "128x256x64_w8x1_s3_persist_tmacontig_tmastore");
+    CHECK(default_tile(f, olmoe, Arch::sm_90a, 32768).to_string() == "128x256x64_w8x1_s4_persist_tmacontig_tmastore64_directarrive");
+    CHECK(default_tile(f, olmoe, Arch::sm_90a, 4096).to_string() == "128x256x64_w8x1_s3_persist_tmacontig_tmastore_directarrive");
+    CHECK(default_tile(f, mixtral, Arch::sm_90a, 2048).to_string() == "128x256x64_w8x1_s3_persist_tmacontig_tmastore_directarrive");
     // the other families do not depend on T
-    for (KernelFamily g : {KernelFamily::gate_up, KernelFamily::down_proj, KernelFamily::down_dgrad})
+    for (KernelFamily g : {KernelFamily::gate_up, KernelFamily::down_proj, KernelFamily::down_dgrad, KernelFamily::gate_up_dgrad})
       CHECK(default_tile(g, olmoe, Arch::sm_90a, 32768) == default_tile(g, olmoe, Arch::sm_90a));
   }
   // the runtime's specs take the same hint
   for (const auto& s : layer_kernel_specs(olmoe, Arch::sm_90a, 32768))
-    if (s.family == KernelFamily::gate_up_wgrad) CHECK_FALSE(s.tile.tma_store);
+    if (s.family == KernelFamily::gate_up_wgrad) CHECK(s.tile.tma_store_blocks);
+  for (const auto& s : layer_kernel_specs(olmoe, Arch::sm_90a, 4096))
+    if (s.family == KernelFamily::gate_up_wgrad) CHECK_FALSE(s.tile.tma_store_blocks);
 }
 
 TEST_CASE("tuner: down_dgrad defaults to the persistent 128x256 tile where its reduction (d) is long") {
   // d = 4096, 2880, 7168, 2048, 2048, 2048
   for (const char* p : {"mixtral-8x7b", "gpt-oss-20b", "deepseek-v3", "qwen3-30b-a3b", "olmoe-1b-7b", "qwen3-next-80b"})
     CHECK_MESSAGE(default_tile(KernelFamily::down_dgrad, find_preset(p).layer, Arch::sm_90a).to_string() ==
-                      "128x256x64_w8x1_s4_persist_tmacontig",
+                      "128x256x64_w8x1_s4_persist_tmacontig_directarrive",
                   p);
   // a short reduction (d = 1024: 16 k-steps) keeps the two-blocks-per-SM tile
   LayerConfig short_d = find_preset("qwen3-30b-a3b").layer;
