@@ -188,6 +188,7 @@ std::string TileConfig::to_string() const {
   if (tma_store) s += tma_store_blocks ? "_tmastore64" : "_tmastore";
   if (alt_order) s += "_altorder";
   if (direct_arrive) s += "_directarrive";
+  if (slab_skip) s += "_slabskip";
   if (cluster_m > 1) s += fmt::format("_cluster{}x1", cluster_m);
   return s;
 }
@@ -221,6 +222,11 @@ Arch parse_arch(const std::string& s) {
 }
 
 bool supports_wgmma(KernelFamily f) { return is_tiled(f); }
+
+bool is_slot_tiled(KernelFamily f) {
+  return f == KernelFamily::gate_up || f == KernelFamily::down_proj || f == KernelFamily::down_dgrad ||
+         f == KernelFamily::gate_up_dgrad;
+}
 
 bool supports_persistent(KernelFamily f) {
   switch (f) {
@@ -292,6 +298,7 @@ TileConfig TileConfig::parse(const std::string& s) {
     else t.tma_store = either("_tmastore", "_tstore");
     t.alt_order = either("_altorder", "_swap");
     t.direct_arrive = suffix("_directarrive");
+    t.slab_skip = suffix("_slabskip");
     if (literal("_cluster")) {
       t.cluster_m = number(2, 16, "cluster_m");
       if (!suffix("x1")) throw malformed();
@@ -383,13 +390,16 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
   }
   if (t.direct_arrive && (!t.warp_specialized() || t.cluster_m != 1))
     return "_directarrive is a pipeline of warp-specialised tiles without clusters";
+  if (t.slab_skip) {
+    if (!is_slot_tiled(spec.family)) return "_slabskip is for the slot-tiled expert GEMMs (gate_up, down_proj, down_dgrad, gate_up_dgrad)";
+    if (!t.warp_specialized() || t.pingpong())
+      return "_slabskip is for cooperative warp-specialised tiles (_ws, _persist): two warpgroups share a tile's rows";
+  }
   if (t.cluster_m != 1) {
     if (t.cluster_m != 2) return "clusters are of 1 or 2 blocks";
     if (!t.persistent() || !t.tma_contiguous)
       return "cluster pairs are persistent TMA tiles (_persist or _pingpong with _tmacontig)";
-    const bool slot_family = spec.family == KernelFamily::gate_up || spec.family == KernelFamily::down_proj ||
-                             spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::gate_up_dgrad;
-    if (!slot_family) return "cluster pairs share the weight operand of the slot-tiled expert GEMMs (not the weight gradients)";
+    if (!is_slot_tiled(spec.family)) return "cluster pairs share the weight operand of the slot-tiled expert GEMMs (not the weight gradients)";
     if (t.bm * 2 != 128 && t.bm * 2 != 256) return "a cluster pair's tile (2 bm rows) must be 128 or 256 rows";
     if ((spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::gate_up_dgrad) && t.bn % 128)
       return "cluster pairs split MN-major weight stages by 64-column boxes: bn a multiple of 128";
@@ -413,9 +423,7 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
   if (!t.wgmma() && (t.bn / t.warps_n / 8) % 2) return "each warp needs an even number of n8 tiles";
   if (t.threads() > 512) return "at most 16 warps";
   if (t.stages < 2 || t.stages > 8) return "stages must be in [2, 8]";
-  const int slot_tiled = spec.family == KernelFamily::gate_up || spec.family == KernelFamily::down_proj ||
-                         spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::gate_up_dgrad;
-  if (slot_tiled && t.bm != 64 && t.bm != 128 && t.bm != 256) return "slot-tiled GEMMs need bm in {64,128,256}";
+  if (is_slot_tiled(spec.family) && t.bm != 64 && t.bm != 128 && t.bm != 256) return "slot-tiled GEMMs need bm in {64,128,256}";
   const int nb = stacked_b_tiles(spec.family, spec.layer.activation);
   const int acc_regs = (t.bm / t.warps_m) * (t.bn / t.warps_n) * nb / 32;
   if (acc_regs > 160) return fmt::format("{} accumulator registers per thread is too many", acc_regs);
@@ -441,11 +449,12 @@ GeneratedKernel generate(const KernelSpec& spec) {
     const TileConfig& t = spec.tile;
     const int nb = stacked_b_tiles(spec.family, spec.layer.activation);
     // The int(...) keeps gemm::Tile's parameters ints (gemm/tile.cuh).
-    targs = fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, int({}), {}, {}, {}{}{}>, {}", t.bm, t.bn, t.bk,
+    targs = fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, int({}), {}, {}, {}{}{}{}>, {}", t.bm, t.bn, t.bk,
                         t.warps_m, t.warps_n, t.stages, nb, mainloop_literal(t.mainloop), t.tma_contiguous ? 1 : 0,
                         t.alt_order ? 1 : 0, t.tma_store ? (t.tma_store_blocks ? 2 : 1) : 0,
-                        t.cluster_m == 1 && !t.direct_arrive ? "" : fmt::format(", {}", t.cluster_m),
-                        t.direct_arrive ? ", 1" : "", targs);
+                        t.cluster_m == 1 && !t.direct_arrive && !t.slab_skip ? "" : fmt::format(", {}", t.cluster_m),
+                        t.direct_arrive || t.slab_skip ? fmt::format(", {}", t.direct_arrive ? 1 : 0) : "",
+                        t.slab_skip ? ", 1" : "", targs);
     g.threads = t.threads();
     g.dynamic_smem = t.smem_bytes(nb);
   } else {

@@ -822,3 +822,50 @@ extern "C" __global__ void acc_rows() {}
     }
   }
 }
+
+TEST_CASE("generator: _slabskip tiles (a warpgroup without rows issues no wgmma) compile for the slot-tiled GEMMs") {
+  const LayerConfig q = find_preset("qwen3-30b-a3b").layer;
+  auto skip = [](TileConfig t) {
+    t.slab_skip = true;
+    return t;
+  };
+  // Legal only for cooperative warp-specialised tiles of the slot-tiled families.
+  TileConfig w = skip(wgmma_tile(128, 256, 4, Mainloop::persistent));
+  w.tma_contiguous = true;
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up_wgrad, q, w, Arch::sm_90a}).find("slot-tiled") != std::string::npos);
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up, q, skip(wgmma_tile(128, 128, 3)), Arch::sm_90a}).find("cooperative") !=
+        std::string::npos);
+  TileConfig pp = skip(pingpong_tile(128, 128, 4));
+  pp.tma_contiguous = true;
+  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, q, pp, Arch::sm_90a}).find("cooperative") != std::string::npos);
+  CHECK(TileConfig::parse("128x128x64_w8x1_s4_persist_tmacontig_slabskip").slab_skip);
+  for (const Preset& p : presets()) {
+    if (!p.in_suite) continue;
+    SUBCASE(p.name.c_str()) {
+      std::vector<KernelSpec> plain, skipping;
+      for (const KernelSpec& d : layer_kernel_specs(p.layer, Arch::sm_90a, 0)) {
+        if (!is_slot_tiled(d.family) || !d.tile.warp_specialized()) continue;
+        plain.push_back(d);
+        skipping.push_back({d.family, p.layer, skip(d.tile), Arch::sm_90a});
+      }
+      REQUIRE(skipping.size() == 4);
+      for (const auto& s : skipping) REQUIRE_MESSAGE(legality_problem(s).empty(), legality_problem(s));
+      const auto built = compile_all(skipping, 0, true);
+      check_compiled_without_spills(built);
+      const auto base = compile_all(plain, 0, true);
+      REQUIRE(base.size() == built.size());
+      for (size_t i = 0; i < built.size(); ++i) {
+        INFO(built[i].compiled.kernel_name);
+        // the same wgmma instructions, now behind a branch on the warpgroup's rows
+        auto count = [](const std::string& ptx, const std::string& what) {
+          size_t n = 0;
+          for (size_t at = ptx.find(what); at != std::string::npos; at = ptx.find(what, at + 1)) ++n;
+          return n;
+        };
+        const std::string mma = "wgmma.mma_async.sync.aligned";
+        CHECK(count(built[i].compiled.ptx, mma) == count(base[i].compiled.ptx, mma));
+        CHECK(built[i].compiled.ptx != base[i].compiled.ptx);
+      }
+    }
+  }
+}
