@@ -247,7 +247,7 @@ TileConfig TileConfig::parse(const std::string& s) {
   auto malformed = [&s] {
     return InvalidArgument(
         "tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS[_wgmma|_ws|_persist|_pingpong][_tmacontig]"
-                            "[_tmastore][_altorder][_clusterCx1] (e.g. 128x128x64_w2x4_s4, "
+                            "[_tmastore|_tmastore64][_altorder][_directarrive][_slabskip][_clusterCx1] (e.g. 128x128x64_w2x4_s4, "
                             "128x256x64_w8x1_s4_persist_tmacontig; docs/design.md, \"Glossary\")",
                             s));
   };
@@ -448,7 +448,8 @@ GeneratedKernel generate(const KernelSpec& spec) {
   if (is_tiled(spec.family)) {
     const TileConfig& t = spec.tile;
     const int nb = stacked_b_tiles(spec.family, spec.layer.activation);
-    // The int(...) keeps gemm::Tile's parameters ints (gemm/tile.cuh).
+    // The int(...) keeps gemm::Tile's parameters ints (gemm/tile.cuh); trailing parameters at
+    // their defaults are left out, so a kernel's source names only what its tile sets.
     targs = fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, int({}), {}, {}, {}{}{}{}>, {}", t.bm, t.bn, t.bk,
                         t.warps_m, t.warps_n, t.stages, nb, mainloop_literal(t.mainloop), t.tma_contiguous ? 1 : 0,
                         t.alt_order ? 1 : 0, t.tma_store ? (t.tma_store_blocks ? 2 : 1) : 0,
