@@ -14,7 +14,9 @@ bench --tile` takes). A tile that is not legal for a preset's layer is reported 
 skipped on that preset. --derive NAME=SUFFIX makes a variant per preset from its default tiles
 (`moeblaze generate -T <the preset's T> --check-only --json`, the tiles `bench` runs): each
 warp-specialised tile with SUFFIX appended where the result is legal, e.g. --derive
-direct=_directarrive. The table shows the step and the families any variant changes; "ratio"
+direct=_directarrive. --build NAME=PATH is a variant that runs another build's `moeblaze` (PATH)
+with its own default tiles: a template change judged against the build before it, on the same
+GPU in the same rounds. The table shows the step and the families any variant changes; "ratio"
 is default ms / variant ms (above 1 the variant is faster). Needs a GPU and a built `moeblaze`
 (--moeblaze, default build/bin/moeblaze).
 """
@@ -42,6 +44,14 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
         if not eq or not family or not tile:
             raise ValueError(f"variant '{name}': '{t}' is not FAMILY=TILE")
     return name, tiles
+
+
+def parse_build(text: str) -> tuple[str, str]:
+    """"NAME=PATH" -> (NAME, PATH): another build's moeblaze binary."""
+    name, sep, path = text.partition("=")
+    if not sep or not name or name == DEFAULT or not path:
+        raise ValueError(f"build '{text}': expected NAME=PATH (a moeblaze binary), NAME not '{DEFAULT}'")
+    return name, path
 
 
 def parse_derive(text: str) -> tuple[str, str]:
@@ -97,10 +107,11 @@ def changed_families(variants: dict) -> list[str]:
     return [f for f in base if f in changed]
 
 
-def table(summary: dict) -> str:
+def table(summary: dict, every_family: bool = False) -> str:
+    """every_family: a column per kernel family (another build's kernels differ under the same tiles)."""
     lines = []
     for preset, variants in summary.items():
-        fams = changed_families(variants)
+        fams = list(variants.get(DEFAULT, {}).get("tiles", {})) if every_family else changed_families(variants)
         lines += [f"### {preset}", "", "| variant | step ms | ratio | " + " | ".join(f"{f} ms" for f in fams) + " |",
                   "|---|---|---|" + "---|" * len(fams)]
         for name, v in variants.items():
@@ -134,7 +145,7 @@ def default_tiles(moeblaze: str, preset: str, tokens: int) -> dict[str, str]:
 
 def legal(moeblaze: str, preset: str, tiles: list[str]) -> str:
     """'' when every FAMILY=TILE is legal for the preset's layer, else moeblaze's reason."""
-    p = subprocess.run([moeblaze, "generate", "--preset", preset, "--check-only", "--tile", *tiles],
+    p = subprocess.run([moeblaze, "generate", "--preset", preset, "--check-only", *(["--tile", *tiles] if tiles else [])],
                        capture_output=True, text=True)
     return "" if p.returncode == 0 else (p.stderr.strip() or p.stdout.strip())[-300:]
 
@@ -157,6 +168,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", action="append", default=[], help="NAME=FAMILY=TILE [FAMILY=TILE ...] (repeat)")
     ap.add_argument("--derive", action="append", default=[],
                     help="NAME=_SUFFIX: each preset's warp-specialised default tiles with _SUFFIX (repeat)")
+    ap.add_argument("--build", action="append", default=[],
+                    help="NAME=PATH: another build's moeblaze binary, run with its default tiles (repeat)")
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
     ap.add_argument("--grad-check-tokens", type=int, default=0,
                     help="grad-check each variant at this T first (0: no check); a failing variant is dropped")
@@ -167,10 +180,15 @@ def main(argv=None) -> int:
     try:
         variants = dict(parse_variant(v) for v in args.variant)
         derives = dict(parse_derive(d) for d in args.derive)
+        builds = dict(parse_build(b) for b in args.build)
     except ValueError as e:
         ap.error(str(e))
-    if set(variants) & set(derives):
-        ap.error(f"names used twice: {sorted(set(variants) & set(derives))}")
+    names = [*variants, *derives, *builds]
+    if len(set(names)) != len(names):
+        ap.error(f"names used twice: {sorted({n for n in names if names.count(n) > 1})}")
+    for name, path in builds.items():
+        if not Path(path).is_file():
+            ap.error(f"--build {name}={path}: no such file")
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
     if args.grad_check_tokens < 0:
@@ -189,9 +207,13 @@ def main(argv=None) -> int:
     def time_left() -> float:
         return float("inf") if args.deadline_s <= 0 else args.deadline_s - (time.monotonic() - start)
 
+    def binary(name: str) -> str:
+        return builds.get(name, args.moeblaze)
+
     plan: dict[str, dict[str, list[str]]] = {}
     for preset in args.preset:
         plan[preset] = dict(variants)
+        plan[preset].update({name: [] for name in builds})
         if derives:
             defaults = default_tiles(args.moeblaze, preset, tokens[preset])
             for name, suffix in derives.items():  # the legal families of the derived tiles
@@ -199,14 +221,18 @@ def main(argv=None) -> int:
     dropped: set[tuple[str, str]] = set()
     for preset, named in plan.items():
         for name, tiles in named.items():
-            why = legal(args.moeblaze, preset, tiles) if tiles else "no tile of this variant applies"
+            if tiles or name in builds:
+                why = legal(binary(name), preset, tiles)
+            else:
+                why = "no tile of this variant applies"
             if why:
                 print(f"{preset} {name}: not legal: {why}", flush=True)
                 dropped.add((preset, name))
                 continue
             if args.grad_check_tokens > 0 and time_left() > 10:
-                gc = subprocess.run([args.moeblaze, "grad-check", "--preset", preset, "-T", str(args.grad_check_tokens),
-                                     "--tile", *tiles], capture_output=True, text=True, timeout=min(600, time_left()))
+                tile_args = ["--tile", *tiles] if tiles else []
+                gc = subprocess.run([binary(name), "grad-check", "--preset", preset, "-T", str(args.grad_check_tokens),
+                                     *tile_args], capture_output=True, text=True, timeout=min(600, time_left()))
                 verdict = next((ln for ln in gc.stdout.splitlines() if ln.startswith(("PASS", "FAIL"))), "no verdict")
                 print(f"{preset} {name}: grad-check T={args.grad_check_tokens}: {verdict}", flush=True)
                 if gc.returncode != 0:
@@ -219,16 +245,16 @@ def main(argv=None) -> int:
             print(f"deadline: {preset} {name} round {rnd} not run", flush=True)
             continue
         try:
-            r = run_bench(args.moeblaze, preset, plan[preset].get(name, []), timeout=min(300, time_left()))
+            r = run_bench(binary(name), preset, plan[preset].get(name, []), timeout=min(300, time_left()))
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             print(f"{preset} {name} round {rnd}: {e}", flush=True)
             continue
         runs.append({"preset": preset, "variant": name, "round": rnd, **r})
         print(f"{preset} {name} round {rnd}: step {r['step_ms']:.2f} ms", flush=True)
     summary = summarize(runs)
-    print(table(summary))
+    print(table(summary, every_family=bool(builds)))
     if args.json:
-        args.json.write_text(json.dumps({"variants": plan, "runs": runs, "summary": summary}, indent=1))
+        args.json.write_text(json.dumps({"variants": plan, "builds": builds, "runs": runs, "summary": summary}, indent=1))
     return 0 if runs else 1
 
 

@@ -3,6 +3,7 @@ ratios, and a whole run against a stand-in `moeblaze` that answers like the real
 import json
 import stat
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +96,37 @@ print(json.dumps({{"step_ms": 9.0 if fast else 9.5 if derived else 10.0, "kernel
     assert d["summary"]["p"]["f"]["step_ratio"] == pytest.approx(10.0 / 9.0)
     assert d["summary"]["p"]["f"]["kernel_ratio"]["down_proj"] == pytest.approx(2.0)
     assert "bad" not in d["summary"]["p"]
+
+
+def test_another_build_runs_its_own_binary_with_its_default_tiles(tmp_path):
+    def stand_in(name: str, step: float) -> Path:
+        f = tmp_path / name
+        f.write_text(f"""#!{sys.executable}
+import json, sys
+args = sys.argv[1:]
+assert "--tile" not in args, args
+if args[0] == "presets":
+    print(json.dumps([{{"name": "p", "T": 4096}}])); sys.exit(0)
+if args[0] == "grad-check":
+    print("PASS: max relative error 3.8e-03 (tolerance 1e-02)"); sys.exit(0)
+if args[0] == "generate":
+    sys.exit(0)
+print(json.dumps({{"step_ms": {step}, "kernels": [{{"family": "down_proj", "ms": {step / 5}, "tile": "t_ws"}}]}}))
+""")
+        f.chmod(f.stat().st_mode | stat.S_IEXEC)
+        return f
+
+    base, other = stand_in("base", 10.0), stand_in("other", 8.0)
+    out = tmp_path / "ab.json"
+    assert ab.main(["--preset", "p", "--build", f"new={other}", "--grad-check-tokens", "512",
+                    "--moeblaze", str(base), "--json", str(out)]) == 0
+    s = json.loads(out.read_text())["summary"]["p"]
+    assert s["default"]["step_ms"] == 10.0 and s["new"]["step_ms"] == 8.0
+    assert s["new"]["kernel_ratio"]["down_proj"] == pytest.approx(1.25)
+    assert "down_proj ms" in ab.table({"p": s}, every_family=True)
+
+
+def test_a_missing_build_is_refused_by_name(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        ab.main(["--preset", "p", "--build", f"new={tmp_path / 'nothing'}"])
+    assert "--build new=" in capsys.readouterr().err

@@ -188,7 +188,6 @@ std::string TileConfig::to_string() const {
   if (tma_store) s += tma_store_blocks ? "_tmastore64" : "_tmastore";
   if (alt_order) s += "_altorder";
   if (direct_arrive) s += "_directarrive";
-  if (slab_skip) s += "_slabskip";
   if (cluster_m > 1) s += fmt::format("_cluster{}x1", cluster_m);
   return s;
 }
@@ -247,7 +246,7 @@ TileConfig TileConfig::parse(const std::string& s) {
   auto malformed = [&s] {
     return InvalidArgument(
         "tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS[_wgmma|_ws|_persist|_pingpong][_tmacontig]"
-                            "[_tmastore|_tmastore64][_altorder][_directarrive][_slabskip][_clusterCx1] (e.g. 128x128x64_w2x4_s4, "
+                            "[_tmastore|_tmastore64][_altorder][_directarrive][_clusterCx1] (e.g. 128x128x64_w2x4_s4, "
                             "128x256x64_w8x1_s4_persist_tmacontig; docs/design.md, \"Glossary\")",
                             s));
   };
@@ -298,7 +297,6 @@ TileConfig TileConfig::parse(const std::string& s) {
     else t.tma_store = either("_tmastore", "_tstore");
     t.alt_order = either("_altorder", "_swap");
     t.direct_arrive = suffix("_directarrive");
-    t.slab_skip = suffix("_slabskip");
     if (literal("_cluster")) {
       t.cluster_m = number(2, 16, "cluster_m");
       if (!suffix("x1")) throw malformed();
@@ -390,11 +388,6 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
   }
   if (t.direct_arrive && (!t.warp_specialized() || t.cluster_m != 1))
     return "_directarrive is a pipeline of warp-specialised tiles without clusters";
-  if (t.slab_skip) {
-    if (!is_slot_tiled(spec.family)) return "_slabskip is for the slot-tiled expert GEMMs (gate_up, down_proj, down_dgrad, gate_up_dgrad)";
-    if (!t.warp_specialized() || t.pingpong())
-      return "_slabskip is for cooperative warp-specialised tiles (_ws, _persist): two warpgroups share a tile's rows";
-  }
   if (t.cluster_m != 1) {
     if (t.cluster_m != 2) return "clusters are of 1 or 2 blocks";
     if (!t.persistent() || !t.tma_contiguous)
@@ -450,12 +443,11 @@ GeneratedKernel generate(const KernelSpec& spec) {
     const int nb = stacked_b_tiles(spec.family, spec.layer.activation);
     // The int(...) keeps gemm::Tile's parameters ints (gemm/tile.cuh); trailing parameters at
     // their defaults are left out, so a kernel's source names only what its tile sets.
-    targs = fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, int({}), {}, {}, {}{}{}{}>, {}", t.bm, t.bn, t.bk,
+    targs = fmt::format("moeblaze::gemm::Tile<{}, {}, {}, {}, {}, {}, {}, int({}), {}, {}, {}{}{}>, {}", t.bm, t.bn, t.bk,
                         t.warps_m, t.warps_n, t.stages, nb, mainloop_literal(t.mainloop), t.tma_contiguous ? 1 : 0,
                         t.alt_order ? 1 : 0, t.tma_store ? (t.tma_store_blocks ? 2 : 1) : 0,
-                        t.cluster_m == 1 && !t.direct_arrive && !t.slab_skip ? "" : fmt::format(", {}", t.cluster_m),
-                        t.direct_arrive || t.slab_skip ? fmt::format(", {}", t.direct_arrive ? 1 : 0) : "",
-                        t.slab_skip ? ", 1" : "", targs);
+                        t.cluster_m == 1 && !t.direct_arrive ? "" : fmt::format(", {}", t.cluster_m),
+                        t.direct_arrive ? ", 1" : "", targs);
     g.threads = t.threads();
     g.dynamic_smem = t.smem_bytes(nb);
   } else {

@@ -85,12 +85,6 @@ struct TileConfig {
   // async proxy after their wait, instead of the producer polling a `landed` barrier, fencing
   // and arriving itself ("_directarrive"; gemm/mainloop/warp_specialized.cuh).
   bool direct_arrive = false;
-  // Cooperative slot tiles (gate_up, down_proj, down_dgrad, gate_up_dgrad): a consumer warpgroup
-  // whose 64-row slabs all lie past the tile's rows (an expert's last, partly filled tile) issues
-  // no wgmma, so the other warpgroup has the tensor cores to itself ("_slabskip";
-  // gemm/mainloop/warp_specialized.cuh). Its accumulators stay zero, which is what the
-  // zero-filled rows of a gathered operand gave, and no epilogue stores rows past the tile's.
-  bool slab_skip = false;
   // Blocks per thread-block cluster along M (1 or 2): the pair computes the two halves of a
   // 2*bm-row tile and shares its weight operand (launched with cuLaunchKernelEx and a cluster
   // dimension).

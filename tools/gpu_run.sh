@@ -17,7 +17,7 @@ Exit status: 0 when every command ended as expected, 1 otherwise.
 Steps (default: gpu kinds defaults py):
   gpu       the C++ GPU tests (BUILD/bin/moeblaze_gpu_tests: the layer cases, the tile table's fast rows)
   kinds     grad-check every tile kind (_wgmma, _ws, _persist, _pingpong, _cluster2x1, TMA loads,
-            _tmastore (weight gradients, per-slot outputs, _tmastore64), _directarrive, _slabskip, 192-wide
+            _tmastore (weight gradients, per-slot outputs, _tmastore64), _directarrive, 192-wide
             tiles, _altorder,
             the persistent down_dgrad; docs/design.md,
             "Glossary") on small shapes chosen for partial tiles, skewed
@@ -201,9 +201,6 @@ kind_tiles() {
     tmastore64)  # 64-column staging blocks beside four stages, every TMA-store family
       local t="--tile down_proj=128x256x64_w8x1_s4_persist_tmacontig_tmastore64 --tile gate_up_dgrad=128x256x64_w8x1_s4_persist_tmacontig_tmastore64"
       echo "$t --tile gate_up_wgrad=128x256x64_w8x1_s4_persist_tmacontig_tmastore64 --tile down_wgrad=128x256x64_w8x1_s4_persist_tmacontig_tmastore64" ;;
-    slabskip)  # the default slot tiles with a warpgroup that has no rows of the tile issuing no wgmma
-      local t="--tile gate_up=128x128x64_w8x1_s4_persist_tmacontig_slabskip --tile down_proj=128x256x64_w8x1_s4_persist_tmacontig_tmastore64_slabskip"
-      echo "$t --tile down_dgrad=128x256x64_w8x1_s4_persist_tmacontig_directarrive_slabskip --tile gate_up_dgrad=128x256x64_w8x1_s4_persist_tmacontig_tmastore64_slabskip" ;;
     wgrad256)  # weight gradients on 256x128 two-slab tiles: a gathered B stage serves 256 rows
       echo "--tile gate_up_wgrad=256x128x64_w8x1_s3_persist_tmacontig_tmastore --tile down_wgrad=256x128x64_w8x1_s3_persist_tmacontig_tmastore" ;;
     directarrive)  # the default warp-specialised tiles with the producer's copies arriving on full[s]
@@ -224,7 +221,7 @@ kind_tiles() {
     pingpong_cluster) echo "--tile gate_up=64x128x64_w4x1_s5_pingpong_tmacontig_cluster2x1 --tile down_proj=64x256x64_w4x1_s5_pingpong_tmacontig_cluster2x1" ;;
   esac
 }
-ALL_KINDS="wgmma ws persist tma_fwd tma_wgrad tma_dgrad bn192 tmastore tmastore_small slot_tmastore tmastore64 directarrive slabskip wgrad256 dgrad_wide
+ALL_KINDS="wgmma ws persist tma_fwd tma_wgrad tma_dgrad bn192 tmastore tmastore_small slot_tmastore tmastore64 directarrive wgrad256 dgrad_wide
 dgrad_narrow altorder pingpong pingpong64 cluster pingpong_cluster"
 KINDS=${MOEBLAZE_DEV_KINDS:-$ALL_KINDS}
 for k in $KINDS; do
@@ -265,7 +262,6 @@ kind_cases() {
     slot_tmastore) echo "aligned skew aligned_recompute" ;;  # TMA dgrad loads need n % 64 == 0
     tmastore64) echo "aligned skew aligned_recompute fp32" ;;
     directarrive) echo "aligned skew aligned_recompute aligned_chunked fp32" ;;
-    slabskip) echo "aligned skew aligned_recompute aligned_chunked" ;;  # TMA dgrad loads need n % 64 == 0
     wgrad256) echo "grad ragged_cols ragged skew chunked fp32" ;;
     dgrad_wide) echo "grad dgrad_ragged skew chunked chunked_recompute" ;;
     dgrad_narrow) echo "dgrad_ragged" ;;

@@ -46,12 +46,12 @@ MB_DEV void gate_up(const GateUpArgs& p) {
       b.map[0] = &p.tma_w1;
       if constexpr (G == 2) b.map[G - 1] = &p.tma_w3;
       b.row = t.expert * W_ROWS + t.n0;
-      gemm::run_mainloop<Cfg, true, true>(acc, a, b, D, gemm::dynamic_smem(), pipe, role, t.rows);
+      gemm::run_mainloop<Cfg, true, true>(acc, a, b, D, gemm::dynamic_smem(), pipe, role);
     } else {
       const gemm::TwoPartRows b{static_cast<const bf16_t*>(p.w1) + w_off,
                                 G == 2 ? static_cast<const bf16_t*>(p.w3) + w_off : nullptr,
                                 Cfg::BN, n_rows, G == 2 ? n_rows : 0, D, D};
-      gemm::run_mainloop<Cfg, true, true>(acc, a, b, D, gemm::dynamic_smem(), pipe, role, t.rows);
+      gemm::run_mainloop<Cfg, true, true>(acc, a, b, D, gemm::dynamic_smem(), pipe, role);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
 
@@ -83,11 +83,11 @@ MB_DEV void down_proj(const DownProjArgs& p) {
       // tile from the h buffer's map (rows past the tile feed output rows that are not stored)
       const gemm::TmaRows<1> at{{&p.tma_h}, t.slot0 - p.slot_lo};
       const gemm::TmaRows<1> b{{&p.tma_w2}, t.expert * D + t.n0};
-      gemm::run_mainloop<Cfg, true, true>(acc, at, b, N, gemm::dynamic_smem(), pipe, role, t.rows);
+      gemm::run_mainloop<Cfg, true, true>(acc, at, b, N, gemm::dynamic_smem(), pipe, role);
     } else {
       const gemm::Rows b{w2 + (static_cast<i64>(t.expert) * D + t.n0) * N, nullptr,
                          D - t.n0 < Cfg::BN ? D - t.n0 : Cfg::BN, N, N};
-      gemm::run_mainloop<Cfg, true, true>(acc, a, b, N, gemm::dynamic_smem(), pipe, role, t.rows);
+      gemm::run_mainloop<Cfg, true, true>(acc, a, b, N, gemm::dynamic_smem(), pipe, role);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
     gemm::store_slot_tile<Cfg, D, BIAS>(acc, static_cast<bf16_t*>(p.o), &p.tma_o, t, p.bias);
@@ -126,9 +126,9 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
     if constexpr (decltype(role)::kComputes) gemm::load_tile_gates<Cfg, K>(p.rv, t, gate_s[gemm::consumer_group<Cfg>()]);
     if constexpr (Cfg::TMA_CONTIGUOUS) {  // W2_e's k rows [k0, +64) of the [E*D, N] map (D % 64 == 0)
       const gemm::TmaMnWeights<1> bt{{&p.tma_w2}, t.expert * D, D, t.n0};
-      gemm::run_mainloop<Cfg, true, false>(acc, a, bt, D, gemm::dynamic_smem(), pipe, role, t.rows);
+      gemm::run_mainloop<Cfg, true, false>(acc, a, bt, D, gemm::dynamic_smem(), pipe, role);
     } else {
-      gemm::run_mainloop<Cfg, true, false>(acc, a, b, D, gemm::dynamic_smem(), pipe, role, t.rows);
+      gemm::run_mainloop<Cfg, true, false>(acc, a, b, D, gemm::dynamic_smem(), pipe, role);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
     const int group = gemm::consumer_group<Cfg>();
@@ -253,9 +253,9 @@ MB_DEV void gate_up_dgrad(const GateUpDgradArgs& p) {
       bt.row_base = t.expert * W_ROWS;
       bt.split = N;
       bt.col0 = t.n0;
-      gemm::run_mainloop<Cfg, true, false>(acc, at, bt, G * N, gemm::dynamic_smem(), pipe, role, t.rows);
+      gemm::run_mainloop<Cfg, true, false>(acc, at, bt, G * N, gemm::dynamic_smem(), pipe, role);
     } else {
-      gemm::run_mainloop<Cfg, true, false>(acc, a, b, G * N, gemm::dynamic_smem(), pipe, role, t.rows);
+      gemm::run_mainloop<Cfg, true, false>(acc, a, b, G * N, gemm::dynamic_smem(), pipe, role);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
     gemm::store_slot_tile<Cfg, D>(acc, static_cast<bf16_t*>(p.dxs), &p.tma_dxs, t);

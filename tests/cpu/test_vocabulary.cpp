@@ -54,12 +54,6 @@ TEST_CASE("vocabulary: every tile kind writes its name and reads it back") {
          return t;
        }(),
        "128x256x64_w8x1_s3_persist_tmacontig_tmastore_altorder_directarrive"},
-      {[] {
-         TileConfig t = tile(128, 256, 4, Mainloop::persistent, true, false);
-         t.direct_arrive = t.slab_skip = true;
-         return t;
-       }(),
-       "128x256x64_w8x1_s4_persist_tmacontig_directarrive_slabskip"},
       {tile(128, 256, 4, Mainloop::persistent, true, false, true), "128x256x64_w8x1_s4_persist_tmacontig_altorder"},
       {tile(128, 256, 4, Mainloop::persistent, true, false, false, 2), "128x256x64_w8x1_s4_persist_tmacontig_cluster2x1"},
       {tile(64, 256, 5, Mainloop::pingpong, true, false, true, 2),

@@ -213,15 +213,6 @@ const TileKind kDirectArrive = from_defaults("direct-arrive", "the default warp-
                                                t.direct_arrive = true;
                                                return true;
                                              });
-// Slab skipping: the default cooperative slot tiles (gate_up, down_proj, down_dgrad,
-// gate_up_dgrad) with a warpgroup that has no rows of an expert's last tile issuing no wgmma.
-// Skewed and ragged shapes have many such tiles.
-const TileKind kSlabSkip = from_defaults("slab-skip", "the default slot tiles with _slabskip", Arch::sm_90a,
-                                         [](KernelFamily f, const LayerConfig&, TileConfig& t) {
-                                           if (!is_slot_tiled(f) || !t.warp_specialized() || t.pingpong()) return false;
-                                           t.slab_skip = true;
-                                           return true;
-                                         });
 const TileKind kClusterPingpong = pingpong_kind("cluster-pingpong", "slot-tiled GEMMs: ping-pong 64x256 as a cluster pair",
                                                 64, 256, 5, false, 2);
 
@@ -273,9 +264,6 @@ std::vector<KindRows> table() {
       {kDirectArrive,
        {{kSkewed, kSaveH}, {kRaggedTma, kRecompute}, {kAccumulate, kSaveH}, {kChunkedSkewed, kSaveH}},
        {"qwen3-30b-a3b", "mixtral-8x7b"}},
-      {kSlabSkip,
-       {{kSkewed, kSaveH}, {kRaggedTma, kRecompute}, {kChunkedSkewed, kSaveH}},
-       {"deepseek-v3", "qwen3-next-80b"}},
       {kTmaStore64,
        {{kSkewed, kSaveH}, {kStoreCols, kSaveH}, {kAccumulate, kSaveH}, {kSkewedSilu, kRecompute}},
        {"mixtral-8x7b", "deepseek-v3"}},

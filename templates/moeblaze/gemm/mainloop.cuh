@@ -12,12 +12,11 @@ namespace moeblaze::gemm {
 
 // The mainloop a tile config asks for: mma.sync, wgmma with a cp.async pipeline shared by
 // all warps, or warp-specialised wgmma (the role's part of one tile of the block's pipeline).
-// rows: the tile's rows that are stored, for slab skipping (Tile::SLAB_SKIP); BM: all.
 template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, class ASrc, class BSrc, class Pipe, class Role>
 MB_DEV void run_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASrc& a, const BSrc& b, int k_size,
-                         bf16_t* smem, Pipe& pipe, Role role, int rows = Cfg::BM) {
+                         bf16_t* smem, Pipe& pipe, Role role) {
   if constexpr (Cfg::WARP_SPECIALIZED) {
-    ws_mainloop<Cfg, A_KMAJOR, B_KMAJOR>(acc, a, b, k_size, smem, pipe, role, rows);
+    ws_mainloop<Cfg, A_KMAJOR, B_KMAJOR>(acc, a, b, k_size, smem, pipe, role);
   } else if constexpr (Cfg::WGMMA) {
     wgmma_mainloop<Cfg, A_KMAJOR, B_KMAJOR>(acc, a, b, k_size, smem);
   } else {

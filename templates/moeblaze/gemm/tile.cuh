@@ -15,15 +15,12 @@ namespace moeblaze::gemm {
 // along M (1 or 2): the two blocks of a pair compute the two halves of a 2*BM-row tile and share
 // its B operand's stages, each loading half of them by TMA multicast into both. DIRECT_ARRIVE_:
 // the warp-specialised pipeline without the `landed` barriers (gemm/mainloop/warp_specialized.cuh).
-// SLAB_SKIP_: a cooperative tile's consumer warpgroup whose rows are all past the tile's issues
-// no wgmma (gemm/mainloop/warp_specialized.cuh).
 // With wgmma WARPS_N = 1 and WARPS_M = BM/16 (cooperative: one 16-row slab per warp) or 4
 // (ping-pong: one warpgroup per tile, BM/64 m64 slabs per warp), which is how wgmma lays out its
 // accumulators. THREADS counts the threads that hold one tile's accumulators; CONSUMER_THREADS
 // all consumers (two groups of THREADS in ping-pong); BLOCK_THREADS is the launch size.
 template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_, int NB_ = 1, int MAINLOOP_ = 0,
-          int TMA_CONTIGUOUS_ = 0, int ALT_ORDER_ = 0, int TMA_STORE_ = 0, int CLUSTER_ = 1, int DIRECT_ARRIVE_ = 0,
-          int SLAB_SKIP_ = 0>
+          int TMA_CONTIGUOUS_ = 0, int ALT_ORDER_ = 0, int TMA_STORE_ = 0, int CLUSTER_ = 1, int DIRECT_ARRIVE_ = 0>
 struct Tile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WARPS_M = WARPS_M_, WARPS_N = WARPS_N_;
   static constexpr int STAGES = STAGES_, NB = NB_;
@@ -42,9 +39,6 @@ struct Tile {
   // The producer's cp.async copies arrive on the consumers' full barrier directly.
   static constexpr bool DIRECT_ARRIVE = DIRECT_ARRIVE_ != 0;
   static_assert(!DIRECT_ARRIVE || (WARP_SPECIALIZED && CLUSTER == 1), "direct arrivals: warp-specialised, no cluster");
-  // A consumer warpgroup with no rows of the tile issues no wgmma.
-  static constexpr bool SLAB_SKIP = SLAB_SKIP_ != 0;
-  static_assert(!SLAB_SKIP || (WARP_SPECIALIZED && !PINGPONG), "slab skipping: cooperative warp-specialised tiles");
   static_assert(CLUSTER == 1 || (CLUSTER == 2 && PERSISTENT && TMA_CONTIGUOUS), "clusters pair persistent TMA tiles");
   static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
   static_assert(!PINGPONG || THREADS == 128, "a ping-pong consumer group is one warpgroup");

@@ -28,12 +28,6 @@
 // wait (the copies were written through the generic proxy). The producer only waits for empty
 // buffers: no polling, and no fence and second arrival per stage on its issue path.
 //
-// Slab skipping (Cfg::SLAB_SKIP, "_slabskip"): in a cooperative tile whose rows end before a
-// consumer warpgroup's first row (an expert's last tile, often a few rows), that warpgroup
-// waits for and releases every stage as usual but issues no wgmma, so the warpgroup that has
-// rows runs at the tensor cores' full rate instead of sharing them with math on rows nobody
-// stores. Its accumulators stay zero.
-//
 // Persistent tiles (Mainloop::persistent and pingpong): the barriers and the stage counter
 // live across the block's tiles (WsPipe), consumers release every stage including a tile's
 // last, and the producer starts the next tile's loads while the consumers run the epilogue.
@@ -175,10 +169,9 @@ MB_DEV void release_stage(mbar_t* empty) {
 // one group in flight, every buffer handed back (the tile's last one too, for the next
 // tile's fill). Starts with a consumer barrier, so shared memory the epilogue reads and
 // other consumers wrote before the mainloop (down_dgrad's gates) is visible after it.
-// rows: the tile's rows that are stored (slab skipping; BM when every row is).
 template <class Cfg, bool A_KMAJOR, bool B_KMAJOR>
 MB_DEV void ws_consume(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], int k_size, bf16_t* smem_raw,
-                       WsPipe<Cfg>& pipe, int rows) {
+                       WsPipe<Cfg>& pipe) {
   constexpr int S = Cfg::STAGES;
   bf16_t* smem = align_1024(smem_raw);
   const int k_tiles = (k_size + Cfg::BK - 1) / Cfg::BK;
@@ -186,8 +179,6 @@ MB_DEV void ws_consume(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], int k_size, b
   consumer_sync<Cfg>();
   zero_accumulators(acc);
   const int warpgroup = consumer_tid<Cfg>() / 128, lane = threadIdx.x & 31;
-  // Uniform over the warpgroup, as wgmma's .sync.aligned needs.
-  const bool computes = !Cfg::SLAB_SKIP || warpgroup * Cfg::MT * 64 < rows;
   // Ping-pong: the groups' mainloops take turns (the other group is in its epilogue meanwhile);
   // a group hands the turn over once it has issued its tile's last k step.
   if constexpr (Cfg::PINGPONG) bar_sync(kOrderBarrier + consumer_group<Cfg>(), 2 * Cfg::THREADS);
@@ -195,7 +186,7 @@ MB_DEV void ws_consume(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], int k_size, b
     const int s = it % S;
     mbar_wait(pipe.full(s), (it / S) & 1);
     if constexpr (Cfg::DIRECT_ARRIVE) fence_proxy_async_smem();  // the producer's cp.async writes, for wgmma
-    if (computes) issue_stage<Cfg, A_KMAJOR, B_KMAJOR>(acc, smem + s * Cfg::STAGE_ELEMS, warpgroup);
+    issue_stage<Cfg, A_KMAJOR, B_KMAJOR>(acc, smem + s * Cfg::STAGE_ELEMS, warpgroup);
     wgmma_wait<1>();  // the group of step it-1 has completed: hand its buffer back
     if (it > base && lane == 0) release_stage<Cfg>(pipe.empty((it - 1) % S));
   }
@@ -208,7 +199,7 @@ MB_DEV void ws_consume(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], int k_size, b
 
 template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, class ASrc, class BSrc, class Role>
 MB_DEV void ws_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASrc& a_src, const BSrc& b_src,
-                        int k_size, bf16_t* smem, WsPipe<Cfg>& pipe, Role, int rows) {
+                        int k_size, bf16_t* smem, WsPipe<Cfg>& pipe, Role) {
   static_assert(Cfg::WARPS_N == 1 && Cfg::WTM == 16 * Cfg::MT && Cfg::WARPS_M % 4 == 0 &&
                     Cfg::BM == (Cfg::WARPS_M / 4) * Cfg::MT * 64,
                 "wgmma tiles: each consumer warpgroup owns MT whole m64 slabs, one 16-row slab per warp in each");
@@ -216,12 +207,12 @@ MB_DEV void ws_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASrc& 
   static_assert(B_KMAJOR || Cfg::NB == 1, "stacked B tiles are K-major");
   if constexpr (Role::kLoads && Role::kComputes) {  // a one-tile block split here (router GEMMs)
     if (!is_consumer<Cfg>()) ws_produce<Cfg, A_KMAJOR, B_KMAJOR>(a_src, b_src, k_size, smem, pipe);
-    else ws_consume<Cfg, A_KMAJOR, B_KMAJOR>(acc, k_size, smem, pipe, rows);
+    else ws_consume<Cfg, A_KMAJOR, B_KMAJOR>(acc, k_size, smem, pipe);
     __syncthreads();
   } else if constexpr (Role::kLoads) {
     ws_produce<Cfg, A_KMAJOR, B_KMAJOR>(a_src, b_src, k_size, smem, pipe);
   } else if constexpr (Role::kComputes) {
-    ws_consume<Cfg, A_KMAJOR, B_KMAJOR>(acc, k_size, smem, pipe, rows);
+    ws_consume<Cfg, A_KMAJOR, B_KMAJOR>(acc, k_size, smem, pipe);
   } else {  // a ping-pong group passing over the other group's tile: its k steps, uncounted here
     pipe.it += (k_size + Cfg::BK - 1) / Cfg::BK;
   }
