@@ -222,6 +222,8 @@ Arch parse_arch(const std::string& s) {
 
 bool supports_wgmma(KernelFamily f) { return is_tiled(f); }
 
+bool is_narrow_step_bn(int bn) { return bn == 96 || bn == 160 || bn == 208 || bn == 224; }
+
 bool is_slot_tiled(KernelFamily f) {
   return f == KernelFamily::gate_up || f == KernelFamily::down_proj || f == KernelFamily::down_dgrad ||
          f == KernelFamily::gate_up_dgrad;
@@ -360,7 +362,18 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
       return "wgmma tiles have bm/16 x 1 warps (256-row warp-specialised tiles: 8 x 1, two slabs a warpgroup)";
     }
     if (t.bm % 64) return "wgmma tiles cover whole warpgroups (bm a multiple of 64)";
-    if (t.bn != 64 && t.bn != 128 && t.bn != 192 && t.bn != 256) return "wgmma bn must be 64, 128, 192 or 256";
+    if (is_narrow_step_bn(t.bn)) {
+      // bn % 64 != 0: the weight boxes of gate_up and down_proj are K-major TMA boxes of bn rows
+      // (any row count), and their epilogues store from registers. MN-major weight stages, the
+      // cp.async weight loader's column split, the 64-column output staging and a cluster pair's
+      // half boxes all need bn % 64 == 0.
+      if (spec.family != KernelFamily::gate_up && spec.family != KernelFamily::down_proj)
+        return fmt::format("wgmma bn {} is for gate_up and down_proj (K-major weight tiles); other families take 64, 128, 192 or 256", t.bn);
+      if (!t.tma_contiguous || t.tma_store || t.cluster_m != 1)
+        return fmt::format("wgmma bn {} needs TMA weight loads (_tmacontig), register stores (no _tmastore) and no cluster", t.bn);
+    } else if (t.bn != 64 && t.bn != 128 && t.bn != 192 && t.bn != 256) {
+      return "wgmma bn must be 64, 128, 192 or 256 (96, 160, 208 or 224 for gate_up and down_proj TMA tiles)";
+    }
     // Wide-h layers run down dgrad + down wgrad in hg column chunks of a multiple of 256
     // (runtime/memory_plan.cpp backward_chunk_cols), which a 192-wide tile does not divide.
     if (t.bn == 192 && (spec.family == KernelFamily::down_dgrad || spec.family == KernelFamily::down_wgrad))
@@ -411,7 +424,8 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
     const int cols = spec.family == KernelFamily::down_wgrad ? spec.layer.shape.ffn : spec.layer.shape.hidden;
     if (cols % 8) return "TMA-store epilogues need output rows of a multiple of 8 elements (16 bytes)";
   }
-  if (t.bm % 64 || t.bn % 64 || t.bm > 256 || t.bn > 256) return "bm and bn must be 64, 128, 192 or 256";
+  if (t.bm % 64 || t.bm > 256 || t.bn > 256 || (t.bn % 64 && !(t.wgmma() && is_narrow_step_bn(t.bn))))
+    return "bm and bn must be 64, 128, 192 or 256 (wgmma bn also 96, 160, 208 or 224)";
   if (t.bm % (16 * t.warps_m) || t.bn % (8 * t.warps_n)) return "warp tiles must be multiples of 16x8";
   if (!t.wgmma() && (t.bn / t.warps_n / 8) % 2) return "each warp needs an even number of n8 tiles";
   if (t.threads() > 512) return "at most 16 warps";

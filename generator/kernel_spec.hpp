@@ -150,6 +150,10 @@ TileConfig pingpong_tile(int bm, int bn, int stages);
 // Whether the family can run persistent tiles (the expert GEMMs; the router GEMMs are one
 // tile per block).
 bool supports_persistent(KernelFamily f);
+// Tile widths between QuACK's 64-column steps (96, 160, 208, 224): wgmma takes any multiple of
+// 8 up to 256, and a layer whose width they divide (gpt-oss-20b's 2880 = 18 x 160) fills its
+// last tile. Legal for the K-major weight tiles of gate_up and down_proj (legality_problem).
+bool is_narrow_step_bn(int bn);
 // Whether the family's tiles are rows of one expert's slots (gate_up, down_proj, down_dgrad,
 // gate_up_dgrad; the weight gradients reduce over the slots instead).
 bool is_slot_tiled(KernelFamily f);

@@ -18,7 +18,7 @@ Steps (default: gpu kinds defaults py):
   gpu       the C++ GPU tests (BUILD/bin/moeblaze_gpu_tests: the layer cases, the tile table's fast rows)
   kinds     grad-check every tile kind (_wgmma, _ws, _persist, _pingpong, _cluster2x1, TMA loads,
             _tmastore (weight gradients, per-slot outputs, _tmastore64), _directarrive, 192-wide
-            tiles, _altorder,
+            tiles, the 96/160/208/224-wide gate_up and down_proj tiles, _altorder,
             the persistent down_dgrad; docs/design.md,
             "Glossary") on small shapes chosen for partial tiles, skewed
             routing, gated and plain activations, recompute, the wide-h chunks and fp32
@@ -195,6 +195,10 @@ kind_tiles() {
     tma_wgrad) echo "--tile gate_up_wgrad=128x256x64_w8x1_s4_ws_tmacontig --tile down_wgrad=128x256x64_w8x1_s4_ws_tmacontig" ;;
     tma_dgrad) echo "--tile gate_up_dgrad=128x256x64_w8x1_s4_persist_tmacontig --tile down_dgrad=128x256x64_w8x1_s4_ws_tmacontig" ;;
     bn192) echo "--tile down_proj=128x192x64_w8x1_s4_persist_tmacontig --tile gate_up_dgrad=128x192x64_w8x1_s4_ws_tmacontig --tile gate_up_wgrad=128x192x64_w8x1_s4_persist_tmacontig" ;;
+    # Widths between the 64-column steps: gate_up and down_proj, TMA weight loads, register stores.
+    bn_narrow) echo "--tile gate_up=128x96x64_w8x1_s5_persist_tmacontig --tile down_proj=128x160x64_w8x1_s5_persist_tmacontig" ;;
+    bn_narrow_wide) echo "--tile gate_up=128x160x64_w8x1_s4_persist_tmacontig --tile down_proj=128x208x64_w8x1_s4_persist_tmacontig" ;;
+    bn224) echo "--tile down_proj=128x224x64_w8x1_s4_persist_tmacontig" ;;
     tmastore) echo "--tile gate_up_wgrad=128x256x64_w8x1_s3_persist_tmacontig_tmastore --tile down_wgrad=128x256x64_w8x1_s3_persist_tmacontig_tmastore" ;;
     tmastore_small) echo "--tile gate_up_wgrad=128x128x64_w8x1_s4_persist_tmacontig_tmastore --tile down_wgrad=128x256x64_w8x1_s3_ws_tmastore" ;;
     slot_tmastore) echo "--tile down_proj=128x256x64_w8x1_s3_persist_tmacontig_tmastore --tile gate_up_dgrad=128x256x64_w8x1_s3_persist_tmacontig_tmastore" ;;
@@ -221,7 +225,7 @@ kind_tiles() {
     pingpong_cluster) echo "--tile gate_up=64x128x64_w4x1_s5_pingpong_tmacontig_cluster2x1 --tile down_proj=64x256x64_w4x1_s5_pingpong_tmacontig_cluster2x1" ;;
   esac
 }
-ALL_KINDS="wgmma ws persist tma_fwd tma_wgrad tma_dgrad bn192 tmastore tmastore_small slot_tmastore tmastore64 directarrive wgrad256 dgrad_wide
+ALL_KINDS="wgmma ws persist tma_fwd tma_wgrad tma_dgrad bn192 bn_narrow bn_narrow_wide bn224 tmastore tmastore_small slot_tmastore tmastore64 directarrive wgrad256 dgrad_wide
 dgrad_narrow altorder pingpong pingpong64 cluster pingpong_cluster"
 KINDS=${MOEBLAZE_DEV_KINDS:-$ALL_KINDS}
 for k in $KINDS; do
@@ -257,6 +261,8 @@ kind_cases() {
     tma_wgrad) echo "recompute skew chunked fp32" ;;
     tma_dgrad) echo "aligned skew" ;;
     bn192) echo "cols192 ragged192 skew192" ;;
+    bn_narrow) echo "grad ragged recompute skew chunked" ;;
+    bn_narrow_wide|bn224) echo "grad ragged skew" ;;
     tmastore) echo "grad ragged_cols ragged skew chunked fp32" ;;
     tmastore_small) echo "straddle_recompute" ;;
     slot_tmastore) echo "aligned skew aligned_recompute" ;;  # TMA dgrad loads need n % 64 == 0

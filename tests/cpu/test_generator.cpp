@@ -492,6 +492,57 @@ TEST_CASE("generator: 192-column wgmma tiles compile for the expert GEMMs (m64n1
             .find("need TMA") != std::string::npos);
 }
 
+TEST_CASE("generator: bn of 96, 160, 208, 224 (between the 64-column steps) compile for gate_up and down_proj only") {
+  auto tile = [](int bm, int bn, int stages, Mainloop m = Mainloop::persistent) {
+    TileConfig t = wgmma_tile(bm, bn, stages, m);
+    t.tma_contiguous = true;
+    return t;
+  };
+  CHECK(TileConfig::parse("128x160x64_w8x1_s5_persist_tmacontig") == tile(128, 160, 5));
+  for (int bn : {96, 160, 208, 224}) CHECK(is_narrow_step_bn(bn));
+  for (int bn : {64, 80, 112, 128, 192, 256}) CHECK(!is_narrow_step_bn(bn));
+  const LayerConfig gpt = find_preset("gpt-oss-20b").layer;  // 2880 = 18 x 160 = 30 x 96
+  auto problem = [&](KernelFamily f, TileConfig t) { return legality_problem(KernelSpec{f, gpt, t, Arch::sm_90a}); };
+  // MN-major weight stages, the 64-column output staging, the cp.async weight loader and a
+  // cluster pair's half boxes all need bn % 64 == 0.
+  for (KernelFamily f : {KernelFamily::gate_up_dgrad, KernelFamily::down_dgrad, KernelFamily::gate_up_wgrad,
+                         KernelFamily::down_wgrad, KernelFamily::router_logits})
+    CHECK(problem(f, tile(128, 160, 4)).find("gate_up and down_proj") != std::string::npos);
+  TileConfig staged = tile(128, 160, 4);
+  staged.tma_store = staged.tma_store_blocks = true;
+  CHECK(problem(KernelFamily::down_proj, staged).find("no _tmastore") != std::string::npos);
+  CHECK(problem(KernelFamily::down_proj, wgmma_tile(128, 160, 4, Mainloop::persistent)).find("_tmacontig") != std::string::npos);
+  TileConfig pair = tile(64, 160, 4);
+  pair.cluster_m = 2;
+  CHECK(problem(KernelFamily::down_proj, pair).find("no cluster") != std::string::npos);
+  CHECK(problem(KernelFamily::down_proj, tile(128, 80, 4)).find("96, 160, 208 or 224") != std::string::npos);
+  // W1 | W3 stacked: 2 x 208 columns is more accumulators than a thread holds.
+  CHECK(problem(KernelFamily::gate_up, tile(128, 208, 4)).find("accumulator registers") != std::string::npos);
+
+  // The m64nN instruction each tile issues: gate_up's W1 | W3 as one instruction where 2 bn <= 256.
+  const std::vector<std::pair<KernelSpec, std::string>> cases = {
+      {{KernelFamily::gate_up, gpt, tile(128, 96, 5), Arch::sm_90a}, "m64n192k16"},
+      {{KernelFamily::gate_up, gpt, tile(128, 160, 4), Arch::sm_90a}, "m64n160k16"},
+      {{KernelFamily::down_proj, gpt, tile(128, 160, 5), Arch::sm_90a}, "m64n160k16"},
+      {{KernelFamily::down_proj, gpt, tile(128, 208, 4), Arch::sm_90a}, "m64n208k16"},
+      {{KernelFamily::down_proj, gpt, tile(128, 224, 4), Arch::sm_90a}, "m64n224k16"},
+      {{KernelFamily::down_proj, gpt, tile(128, 160, 5, Mainloop::pingpong), Arch::sm_90a}, "m64n160k16"},
+      {{KernelFamily::gate_up, find_preset("qwen3-30b-a3b").layer, tile(128, 96, 5), Arch::sm_90a}, "m64n192k16"},
+  };
+  std::vector<KernelSpec> specs;
+  for (const auto& [s, instr] : cases) {
+    REQUIRE_MESSAGE(legality_problem(s).empty(), legality_problem(s));
+    specs.push_back(s);
+  }
+  const auto built = compile_all(specs, 0, true);
+  check_compiled_without_spills(built);
+  REQUIRE(built.size() == cases.size());
+  for (size_t i = 0; i < built.size(); ++i) {
+    INFO(built[i].compiled.kernel_name);
+    CHECK(built[i].compiled.ptx.find("wgmma.mma_async.sync.aligned." + cases[i].second) != std::string::npos);
+  }
+}
+
 TEST_CASE("generator: _tmastore tiles (TMA-store epilogue) compile for the weight gradients and the per-slot outputs of every suite shape") {
   auto tstore = [](TileConfig t) {
     t.tma_contiguous = t.tma_store = true;

@@ -152,6 +152,15 @@ const TileKind kDgradWs256 = forced("dgrad-ws256", "down_dgrad: warp-specialised
 const TileKind k192Wide = forced("bn192", "192-wide tiles: down_proj, gate_up_dgrad, gate_up_wgrad",
                                  {"down_proj=128x192x64_w8x1_s4_persist_tmacontig", "gate_up_dgrad=128x192x64_w8x1_s4_ws_tmacontig",
                                   "gate_up_wgrad=128x192x64_w8x1_s4_persist_tmacontig"});
+// Widths between the 64-column steps (gate_up and down_proj only): W1 | W3 2 x 96 in one
+// m64n192 and down_proj 160 (gpt-oss-20b's 2880 = 30 x 96 = 18 x 160); gate_up 2 x 160 as two
+// m64n160 and down_proj 208 / 224.
+const TileKind kNarrowStep = forced("bn-narrow", "gate_up 128x(2x96), down_proj 128x160, TMA loads, register stores",
+                                    {"gate_up=128x96x64_w8x1_s5_persist_tmacontig", "down_proj=128x160x64_w8x1_s5_persist_tmacontig"});
+const TileKind kNarrowStepWide = forced("bn-narrow-wide", "gate_up 128x(2x160), down_proj 128x208, TMA loads, register stores",
+                                        {"gate_up=128x160x64_w8x1_s4_persist_tmacontig", "down_proj=128x208x64_w8x1_s4_persist_tmacontig"});
+const TileKind kNarrowStep224 = forced("bn-224", "down_proj 128x224, TMA loads, register stores",
+                                       {"down_proj=128x224x64_w8x1_s4_persist_tmacontig"});
 const TileKind kTmaStore = forced("tmastore", "gate_up_wgrad, down_wgrad: TMA-store epilogue, persistent 128x256",
                                 {"gate_up_wgrad=128x256x64_w8x1_s3_persist_tmacontig_tmastore",
                                  "down_wgrad=128x256x64_w8x1_s3_persist_tmacontig_tmastore"});
@@ -242,6 +251,9 @@ std::vector<KindRows> table() {
       {kTmaDgradP, {{kSmall, kSaveH}, {kSkewedSilu, kSaveH}}, {}},
       {kDgradWs256, {{kSmall, kSaveH}, {kSkewedGelu, kSaveH}, {kChunked, kSaveH}}, {"mixtral-8x7b", "qwen3-next-80b"}},
       {k192Wide, {{k192, kSaveH}, {k192Ragged, kSaveH}, {k192Skewed, kSaveH}}, {"gpt-oss-20b"}},
+      {kNarrowStep, {{kSmall, kSaveH}, {kRagged, kRecompute}, {kSkewed, kSaveH}, {kChunked, kSaveH}}, {"gpt-oss-20b", "qwen3-30b-a3b"}},
+      {kNarrowStepWide, {{kSmall, kSaveH}, {kRagged, kSaveH}, {kSkewedSilu, kSaveH}}, {"gpt-oss-20b"}},
+      {kNarrowStep224, {{kRagged, kSaveH}, {kSkewed, kSaveH}}, {"gpt-oss-20b"}},
       {kTmaStore,
        {{kSmall, kSaveH}, {kStoreCols, kSaveH}, {kStoreStraddle, kSaveH}, {kSkewedSilu, kSaveH},
         {kChunkedSkewed, kSaveH}, {kAccumulate, kSaveH}},

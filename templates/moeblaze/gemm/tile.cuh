@@ -62,7 +62,11 @@ struct Tile {
                                        : ((warp_m >> 2) * MT + mt) * 64 + (warp_m & 3) * 16;
   }
   static_assert(BM % (16 * WARPS_M) == 0 && BN % (8 * WARPS_N) == 0, "warp tile must be 16x8 multiples");
-  static_assert(BK % 64 == 0 && BM % 64 == 0 && BN % 64 == 0, "tile sides must be multiples of 64");
+  // bn of 96, 160, 208, 224 (multiples of 16, not of 64) only where every B stage is K-major and
+  // loaded by TMA (a box of any row count) and the epilogue stores from registers: the generator's
+  // legality rule (generator/kernel_spec.cpp) keeps them there; MN-major stages and the 64-column
+  // staging assert 64-column blocks themselves.
+  static_assert(BK % 64 == 0 && BM % 64 == 0 && BN % 16 == 0, "bm and bk multiples of 64, bn of 16");
   static_assert(STAGES >= 2, "at least double buffering");
   static constexpr int A_ELEMS = BM * BK, B_ELEMS = NB * BN * BK;
   static constexpr int STAGE_ELEMS = A_ELEMS + B_ELEMS;
