@@ -18,7 +18,8 @@ Steps (default: gpu kinds defaults py):
   gpu       the C++ GPU tests (BUILD/bin/moeblaze_gpu_tests: the layer cases, the tile table's fast rows)
   kinds     grad-check every tile kind (_wgmma, _ws, _persist, _pingpong, _cluster2x1, TMA loads,
             _tmastore (weight gradients, per-slot outputs, _tmastore64), _directarrive, 192-wide
-            tiles, the 96/160/208/224-wide gate_up and down_proj tiles, _altorder,
+            tiles, the 96/160/208/224-wide gate_up and down_proj tiles, the 128x192 ping-pong
+            tiles (alone and in clusters), _altorder,
             the persistent down_dgrad; docs/design.md,
             "Glossary") on small shapes chosen for partial tiles, skewed
             routing, gated and plain activations, recompute, the wide-h chunks and fp32
@@ -222,11 +223,14 @@ kind_tiles() {
     cluster)  # cluster pairs: two blocks share each weight stage by TMA multicast
       local t="--tile gate_up=128x128x64_w8x1_s4_persist_tmacontig_cluster2x1 --tile down_proj=128x256x64_w8x1_s4_persist_tmacontig_cluster2x1"
       echo "$t --tile down_dgrad=128x256x64_w8x1_s4_persist_tmacontig_cluster2x1 --tile gate_up_dgrad=128x256x64_w8x1_s4_persist_tmacontig_cluster2x1" ;;
+    # A ping-pong warpgroup holding a whole 128 x 192 tile (56 / 224 registers): QuACK's gate_up shape.
+    pingpong_wide) echo "--tile gate_up=128x96x64_w4x1_s5_pingpong_tmacontig --tile down_proj=128x192x64_w4x1_s5_pingpong_tmacontig" ;;
+    pingpong_wide_cluster) echo "--tile gate_up=128x96x64_w4x1_s5_pingpong_tmacontig_cluster2x1 --tile down_proj=128x160x64_w8x1_s4_persist_tmacontig_cluster2x1" ;;
     pingpong_cluster) echo "--tile gate_up=64x128x64_w4x1_s5_pingpong_tmacontig_cluster2x1 --tile down_proj=64x256x64_w4x1_s5_pingpong_tmacontig_cluster2x1" ;;
   esac
 }
 ALL_KINDS="wgmma ws persist tma_fwd tma_wgrad tma_dgrad bn192 bn_narrow bn_narrow_wide bn224 tmastore tmastore_small slot_tmastore tmastore64 directarrive wgrad256 dgrad_wide
-dgrad_narrow altorder pingpong pingpong64 cluster pingpong_cluster"
+dgrad_narrow altorder pingpong pingpong64 cluster pingpong_cluster pingpong_wide pingpong_wide_cluster"
 KINDS=${MOEBLAZE_DEV_KINDS:-$ALL_KINDS}
 for k in $KINDS; do
   case " $(echo $ALL_KINDS) " in *" $k "*) ;; *) echo "gpu_run: unknown kind '$k' in MOEBLAZE_DEV_KINDS; kinds: $(echo $ALL_KINDS)" >&2; exit 2 ;; esac
@@ -276,6 +280,8 @@ kind_cases() {
     pingpong64) echo "grad skew fp32" ;;
     cluster) echo "grad aligned skew aligned_recompute aligned_chunked" ;;
     pingpong_cluster) echo "grad skew aligned_chunked" ;;
+    pingpong_wide) echo "grad aligned skew aligned_recompute aligned_chunked ragged" ;;
+    pingpong_wide_cluster) echo "grad skew aligned_chunked ragged" ;;
   esac
 }
 

@@ -161,6 +161,14 @@ const TileKind kNarrowStepWide = forced("bn-narrow-wide", "gate_up 128x(2x160), 
                                         {"gate_up=128x160x64_w8x1_s4_persist_tmacontig", "down_proj=128x208x64_w8x1_s4_persist_tmacontig"});
 const TileKind kNarrowStep224 = forced("bn-224", "down_proj 128x224, TMA loads, register stores",
                                        {"down_proj=128x224x64_w8x1_s4_persist_tmacontig"});
+// A ping-pong warpgroup holding a whole 128 x 192 tile (the 56 / 224 register split): gate_up's
+// W1 | W3 of 2 x 96 (QuACK's gate_up shape), alone and as a 2 x 1 cluster, and down_proj 128 x 192;
+// down_proj 160 as a cluster pair (80-row half boxes).
+const TileKind kPingpongWide = forced("pingpong-wide", "gate_up 128x(2x96), down_proj 128x192: ping-pong, TMA loads",
+                                      {"gate_up=128x96x64_w4x1_s5_pingpong_tmacontig", "down_proj=128x192x64_w4x1_s5_pingpong_tmacontig"});
+const TileKind kPingpongWideCluster =
+    forced("pingpong-wide-cluster", "gate_up 128x(2x96) ping-pong and down_proj 128x160 as cluster pairs",
+           {"gate_up=128x96x64_w4x1_s5_pingpong_tmacontig_cluster2x1", "down_proj=128x160x64_w8x1_s4_persist_tmacontig_cluster2x1"});
 const TileKind kTmaStore = forced("tmastore", "gate_up_wgrad, down_wgrad: TMA-store epilogue, persistent 128x256",
                                 {"gate_up_wgrad=128x256x64_w8x1_s3_persist_tmacontig_tmastore",
                                  "down_wgrad=128x256x64_w8x1_s3_persist_tmacontig_tmastore"});
@@ -270,6 +278,8 @@ std::vector<KindRows> table() {
       {kPingpongTmaStore, {{kSmall, kSaveH}, {kStoreStraddle, kSaveH}, {kAccumulate, kSaveH}}, {"deepseek-v3"}},
       {kClusterPair, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRaggedTma, kRecompute}}, {"qwen3-30b-a3b", "gpt-oss-20b"}},
       {kClusterPingpong, {{kSmall, kSaveH}, {kChunkedSkewed, kSaveH}}, {"qwen3-30b-a3b"}},
+      {kPingpongWide, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kRaggedTma, kRecompute}, {kChunked, kSaveH}}, {"qwen3-30b-a3b", "mixtral-8x7b"}},
+      {kPingpongWideCluster, {{kSmall, kSaveH}, {kSkewed, kSaveH}, {kChunkedSkewed, kSaveH}}, {"qwen3-30b-a3b", "gpt-oss-20b"}},
       {kSlotTmaStore,
        {{kSkewed, kSaveH}, {kSmall, kRecompute}, {kRaggedTma, kSaveH}, {kStoreCols, kSaveH}, {kSkewedSilu, kSaveH}},
        {"mixtral-8x7b", "gpt-oss-20b"}},

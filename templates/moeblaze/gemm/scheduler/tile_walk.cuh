@@ -34,6 +34,19 @@ struct PassingThreads {
 // (72/216, 80/208, 88/208, 96/200, 104/200) this one spills nowhere but in gate_up's 128x128
 // NB=2 tile (8-44 bytes); the producer spills below 96.
 constexpr int kProducerRegs = 96, kConsumerRegs = 200;
+// Tiles whose consumers hold more than 160 accumulators a thread (a ping-pong warpgroup's whole
+// 128 x 192 tile: 192) move more registers to the consumers: 128 x 56 + 256 x 224 = 384 x 168.
+// On gate_up's 128 x (2 x 96) ping-pong tile, CUTLASS's 40 / 232 spilled 56-80 bytes (the
+// gathered producer's row pointers) and 72 / 216 spilled 1952 bytes (the consumers); 56 / 224
+// spills nowhere on the suite shapes.
+constexpr int kLeanProducerRegs = 56, kWideConsumerRegs = 224;
+template <class Cfg>
+struct RegisterSplit {
+  static constexpr int ACC = Cfg::NB * Cfg::MT * Cfg::NT * 4;
+  static constexpr bool WIDE = ACC > 160;
+  static constexpr int PRODUCER = WIDE ? kLeanProducerRegs : kProducerRegs;
+  static constexpr int CONSUMER = WIDE ? kWideConsumerRegs : kConsumerRegs;
+};
 
 // The pipeline state a block's tiles share: WsPipe for warp-specialised tiles, nothing else.
 template <class Cfg>
@@ -76,10 +89,10 @@ MB_DEV void for_each_tile(Body&& body) {
   };
   if constexpr (Cfg::PINGPONG) {
     if (!is_consumer<Cfg>()) {
-      setmaxnreg_dec<kProducerRegs>();
+      setmaxnreg_dec<RegisterSplit<Cfg>::PRODUCER>();
       walk(ProducerThreads{});
     } else {
-      setmaxnreg_inc<kConsumerRegs>();
+      setmaxnreg_inc<RegisterSplit<Cfg>::CONSUMER>();
       const int group = consumer_group<Cfg>();
       if (group == 1) bar_arrive(kOrderBarrier + 0, 2 * Cfg::THREADS);
       for (int i = 0, tile = first();; ++i, tile += stride()) {
@@ -89,10 +102,10 @@ MB_DEV void for_each_tile(Body&& body) {
     }
   } else if constexpr (Cfg::WARP_SPECIALIZED) {
     if (threadIdx.x >= Cfg::THREADS) {
-      setmaxnreg_dec<kProducerRegs>();
+      setmaxnreg_dec<RegisterSplit<Cfg>::PRODUCER>();
       walk(ProducerThreads{});
     } else {
-      setmaxnreg_inc<kConsumerRegs>();
+      setmaxnreg_inc<RegisterSplit<Cfg>::CONSUMER>();
       walk(ConsumerThreads{});
     }
   } else {
