@@ -677,6 +677,17 @@ TEST_CASE("generator: _tmastore64 tiles (64-column staging blocks) keep the four
       }
     }
   }
+  // 192 wide: three blocks a tile, so a tile's first block waits for every read of the previous
+  // tile's last (the same buffer, the newest group).
+  TileConfig odd = t;
+  odd.bn = 192;
+  const auto built = compile_all({KernelSpec{KernelFamily::down_proj, find_preset("gpt-oss-20b").layer, odd, Arch::sm_90a}}, 0, true);
+  check_compiled_without_spills(built);
+  REQUIRE(built.size() == 1);
+  CHECK(built[0].compiled.ptx.find("cp.async.bulk.wait_group.read 0") != std::string::npos);
+  const auto even = compile_all({KernelSpec{KernelFamily::down_proj, find_preset("gpt-oss-20b").layer, t, Arch::sm_90a}}, 0, true);
+  REQUIRE(even.size() == 1);
+  CHECK(even[0].compiled.ptx.find("cp.async.bulk.wait_group.read 0") == std::string::npos);
 }
 
 TEST_CASE("generator: _directarrive tiles (cp.async arrivals on the full barrier) compile for every expert GEMM") {

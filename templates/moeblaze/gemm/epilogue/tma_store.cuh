@@ -52,11 +52,16 @@ MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const Sto
   if constexpr (Cfg::STORE_BLOCKS) {
     // 64 columns at a time, one commit group each, in the two [BM][64] buffers in turn: block j
     // reuses the buffer of block j - 2 (of this tile or the previous one), whose group is no
-    // longer the newest, so waiting until only the newest may still read frees it.
+    // longer the newest, so waiting until only the newest may still read frees it. With an odd
+    // number of blocks a tile (bn 64 or 192) the first block reuses the buffer of the previous
+    // tile's last, the newest group: it waits for every read.
 #pragma unroll
     for (int j = 0; j < Cfg::BN / 64; ++j) {
       bf16_t* block = out + (j & 1) * Cfg::BM * 64;
-      if (issuer) bulk_wait_read_all_but_newest();
+      if (issuer) {
+        if ((Cfg::BN / 64) % 2 == 1 && j == 0) bulk_wait_read_all();
+        else bulk_wait_read_all_but_newest();
+      }
       consumer_sync<Cfg>();
       for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
         if ((c >> 6) == j) store_bf16x2(block + staged_offset<Cfg::BM>(r, c & 63), v0, v1);
