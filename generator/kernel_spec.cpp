@@ -433,8 +433,8 @@ std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
   if (is_slot_tiled(spec.family) && t.bm != 64 && t.bm != 128 && t.bm != 256) return "slot-tiled GEMMs need bm in {64,128,256}";
   const int nb = stacked_b_tiles(spec.family, spec.layer.activation);
   const int acc_regs = (t.bm / t.warps_m) * (t.bn / t.warps_n) * nb / 32;
-  // A ping-pong warpgroup may hold a whole 128 x 192 tile (the 40 / 232 register split,
-  // gemm/scheduler/tile_walk.cuh RegisterSplit); other tiles keep the consumers' 200.
+  // A ping-pong warpgroup may hold a whole 128 x 192 tile (consumers 224 registers, the producer
+  // 56: gemm/scheduler/tile_walk.cuh RegisterSplit); other tiles keep the consumers' 200.
   const int max_acc = t.pingpong() ? 192 : 160;
   if (acc_regs > max_acc) return fmt::format("{} accumulator registers per thread is too many (at most {})", acc_regs, max_acc);
   const int chunks_a = t.bm * t.bk / 8, chunks_b = nb * t.bn * t.bk / 8;
