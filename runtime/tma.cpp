@@ -93,19 +93,24 @@ TmaMap encode_output_map(CUdeviceptr base, int64_t experts, int64_t rows, int64_
 int64_t w1_map_rows(const LayerConfig& l) { return int64_t{l.shape.experts} * l.w1_rows(); }
 int64_t w3_map_rows(const LayerConfig& l) { return w1_map_rows(l) - (l.fused_gate_up() ? l.shape.ffn : 0); }
 
+int k_major_weight_box_rows(const TileConfig& t, int parts) {
+  return parts == 1 ? t.bn / t.cluster_m : t.bn;
+}
+
 // TMA tiles (TileConfig::tma) read their weight tiles through tensor maps in the argument.
 void attach_weight_maps(GateUpArgs& up, const TileConfig& t, const LayerConfig& l) {
   if (!t.tma_contiguous) return;
-  up.tma_w1 = encode_weight_map(reinterpret_cast<CUdeviceptr>(up.w1), w1_map_rows(l), l.shape.hidden, t.bn, "w1");
+  const int box_rows = k_major_weight_box_rows(t, up.w3 ? 2 : 1);
+  up.tma_w1 = encode_weight_map(reinterpret_cast<CUdeviceptr>(up.w1), w1_map_rows(l), l.shape.hidden, box_rows, "w1");
   if (up.w3)
-    up.tma_w3 = encode_weight_map(reinterpret_cast<CUdeviceptr>(up.w3), w3_map_rows(l), l.shape.hidden, t.bn, "w3");
+    up.tma_w3 = encode_weight_map(reinterpret_cast<CUdeviceptr>(up.w3), w3_map_rows(l), l.shape.hidden, box_rows, "w3");
 }
 // h_rows: rows of the h buffer (one forward chunk).
 void attach_weight_maps(DownProjArgs& down, const TileConfig& t, const LayerConfig& l, int64_t h_rows) {
   if (!t.tma_contiguous) return;
   const int64_t rows = int64_t{l.shape.experts} * l.shape.hidden;
-  // A cluster pair loads W2's stage in two halves of rows, one from each block (multicast).
-  down.tma_w2 = encode_weight_map(reinterpret_cast<CUdeviceptr>(down.w2), rows, l.shape.ffn, t.bn / t.cluster_m, "w2");
+  down.tma_w2 =
+      encode_weight_map(reinterpret_cast<CUdeviceptr>(down.w2), rows, l.shape.ffn, k_major_weight_box_rows(t, 1), "w2");
   down.tma_h = encode_weight_map(reinterpret_cast<CUdeviceptr>(down.h), h_rows, l.shape.ffn, t.bm, "h");
 }
 // Backward: W2 for the down dgrad ([E*d, n], 64x64 boxes of MN-major k stages); dH ([T*K, G*n],

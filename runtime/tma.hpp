@@ -51,6 +51,12 @@ OutputMapParams output_map_params(CUdeviceptr base, int64_t experts, int64_t row
 TmaMap encode_output_map(CUdeviceptr base, int64_t experts, int64_t rows, int64_t cols, int64_t ld, int box_rows,
                          const char* name, int64_t expert_rows = 0, OutputElement element = OutputElement::bf16);
 
+// Rows of the box of a K-major weight map read by a [bn x parts]-row stage (gemm::TmaStageLoader):
+// bn, or in a cluster pair whose stage has one part (down_proj's W2, a plain activation's W1)
+// bn / cluster_m, since each block multicasts its half of the rows; a pair with two parts
+// (W1 | W3) multicasts one whole part from each block.
+int k_major_weight_box_rows(const TileConfig& t, int parts);
+
 // The tensor maps of a TMA tile's kernel argument (TileConfig::tma_contiguous; nothing otherwise).
 void attach_weight_maps(GateUpArgs& up, const TileConfig& t, const LayerConfig& l);
 void attach_weight_maps(DownProjArgs& down, const TileConfig& t, const LayerConfig& l, int64_t h_rows);

@@ -222,6 +222,21 @@ TEST_CASE("validation: TMA weight maps view [E, rows, k] as [E*rows, k] with 128
   expect_invalid([] { weight_map_params(kFakeBase, int64_t{1} << 31, 64, 128, "w2"); }, "w2");
 }
 
+// The device side (gemm::TmaStageLoader) expects, per block of a cluster pair, half the rows of
+// a one-part stage and a whole part of a two-part one: a box of bn rows for a plain
+// activation's W1 made each block land twice its bytes in a pair.
+TEST_CASE("validation: K-major weight boxes of cluster pairs split one-part stages by rows, two-part ones by parts") {
+  TileConfig t;
+  t.bn = 96;
+  CHECK(k_major_weight_box_rows(t, 1) == 96);
+  CHECK(k_major_weight_box_rows(t, 2) == 96);
+  t.cluster_m = 2;
+  CHECK(k_major_weight_box_rows(t, 1) == 48);  // down_proj's W2, a plain activation's W1
+  CHECK(k_major_weight_box_rows(t, 2) == 96);  // W1 | W3: one part from each block
+  t.bn = 160;
+  CHECK(k_major_weight_box_rows(t, 1) == 80);
+}
+
 TEST_CASE("validation: TMA-store output maps view [E, rows, cols] in 3-D with [1][bm][64] boxes") {
   const OutputMapParams p = output_map_params(kFakeBase, 8, 4096, 3584, 14336, 128, "dw2");  // a dW2 column chunk
   CHECK(p.dims[0] == 3584);
