@@ -28,6 +28,10 @@ constexpr int kLongDgradReduction = 2048;
 // shortest measured loss (64).
 constexpr int kShortSlotReduction = 48 * 64;
 
+// down_proj's reduction length (n) up to which its default is the 128x192 ping-pong tile: 16
+// k-steps of 64, the longest measured win (deepseek-v3's 32 measured level).
+constexpr int kPingpongSlotReduction = 16 * 64;
+
 bool few_slots_per_expert(const LayerConfig& layer, int64_t tokens) {
   const int64_t E = layer.shape.experts, K = layer.shape.topk;
   return tokens > 0 ? tokens * K <= 2048 * E : E >= 8 * K;
@@ -114,8 +118,33 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
       return legal(with) ? with : t;
     };
     switch (family) {
-      case KernelFamily::gate_up: return tma(wgmma_tile(128, 128, 4, Mainloop::persistent));  // gated: 2 x 128 columns
-      case KernelFamily::down_proj: return slot_rows_tile(Mainloop::persistent);
+      case KernelFamily::gate_up: {
+        // Gated: 2 x bn columns. 160 wide where n is a multiple of 160 but not of 128, so the
+        // last column of tiles is whole (gpt-oss-20b's 2880 = 18 x 160 = 22.5 x 128): gate_up
+        // 4.213 -> 4.108 and 4.121 -> 4.060 ms in two calls (K-major TMA weight boxes of 160
+        // rows; register stores, as the 128-wide tile).
+        if (layer.shape.ffn % 128 != 0 && layer.shape.ffn % 160 == 0) {
+          const TileConfig fill = tma(wgmma_tile(128, 160, 4, Mainloop::persistent));
+          if (fill.tma_contiguous && legal(fill)) return fill;
+        }
+        return tma(wgmma_tile(128, 128, 4, Mainloop::persistent));
+      }
+      case KernelFamily::down_proj: {
+        // Ping-pong 128x192 with the 64-column TMA-store epilogue: one consumer warpgroup's
+        // epilogue runs under the other's mainloop, which pays where the reduction is short
+        // (the epilogue a large share of a tile) or where 192 fills d and 256 does not.
+        // down_proj ms against the 128x256 `_tmastore64` tile (the same call, two alternating
+        // rounds, grad-checked): qwen3-next-80b (n 512) 1.649 -> 1.536, qwen3-30b-a3b (768)
+        // 1.566 -> 1.477, olmoe-1b-7b (1024) 1.889 -> 1.801, gpt-oss-20b (2880 = 15 x 192) 1.761
+        // -> 1.618; deepseek-v3 (2048) 7.614 -> 7.606 and mixtral-8x7b (14336) 5.715 -> 5.940
+        // keep the cooperative tile. (Each warpgroup's tile is whole, so its A rows are read per
+        // 192 columns instead of 256: that costs where the reduction is long.)
+        TileConfig pingpong = wgmma_tile(128, 192, 4, Mainloop::pingpong);
+        pingpong.tma_contiguous = pingpong.tma_store = pingpong.tma_store_blocks = true;
+        const bool short_reduction = layer.shape.ffn <= kPingpongSlotReduction;
+        if ((short_reduction || fits_192_better(family, layer)) && legal(pingpong)) return pingpong;
+        return slot_rows_tile(Mainloop::persistent);
+      }
       case KernelFamily::gate_up_wgrad:
       case KernelFamily::down_wgrad: {
         // Both take _directarrive (above). The epilogue, by the slots an expert has (T K / E, the

@@ -51,11 +51,15 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
     add(plain_staged);
     add(with_tma(wgmma_tile(128, 256, 4, Mainloop::persistent)));
   }
-  // The per-slot outputs' (down_proj, gate_up_dgrad) earlier defaults: the whole-tile TMA-store
-  // persistent tile (short reductions) and the 4-stage register-store one (long), 192 wide
-  // where that fills the last column of tiles.
+  // The per-slot outputs' (down_proj, gate_up_dgrad) earlier defaults: the cooperative 128x256
+  // _tmastore64 tile (down_proj's where its default is the ping-pong tile), the whole-tile
+  // TMA-store persistent tile (short reductions) and the 4-stage register-store one (long), 192
+  // wide where that fills the last column of tiles.
   if (has_wgmma(arch) && (family == KernelFamily::down_proj || family == KernelFamily::gate_up_dgrad)) {
-    for (int bn : {def.bn, fits_192_better(family, layer) ? 192 : def.bn}) {
+    TileConfig blocks = with_tma(wgmma_tile(128, 256, 4, Mainloop::persistent));
+    blocks.tma_store = blocks.tma_store_blocks = true;
+    add(blocks);
+    for (int bn : {256, fits_192_better(family, layer) ? 192 : 256}) {
       TileConfig staged = wgmma_tile(def.bm, bn, 3, Mainloop::persistent);
       staged.tma_contiguous = staged.tma_store = true;
       add(staged);
@@ -63,6 +67,8 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
                                                                              : Mainloop::warp_specialized)));
     }
   }
+  // gate_up: the 128-wide tile, where the default is 160 wide (n a multiple of 160, not of 128).
+  if (has_wgmma(arch) && family == KernelFamily::gate_up) add(with_tma(wgmma_tile(128, 128, 4, Mainloop::persistent)));
   // The other tile order of the default (`add` keeps it for the expert GEMMs' wgmma tiles).
   if (has_wgmma(arch)) {
     TileConfig other_order = def;

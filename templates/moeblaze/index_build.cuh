@@ -57,7 +57,7 @@ MB_DEV void count(const IndexBuildArgs& p) {
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     int s = 0;
     for (int w = 0; w < WARPS; ++w) s += cnt[w][e];
-    p.block_counts[static_cast<i64>(e) * p.blocks + blockIdx.x] = s;
+    p.block_counts[static_cast<i64>(blockIdx.x) * E + e] = s;
   }
 }
 
@@ -75,19 +75,18 @@ MB_DEV int warp_exclusive_scan(int& v) {
   return total;
 }
 
-// One block. Per expert: offsets of each count block; then expert offsets, statistics
-// and the tile prefix sums (BM = 64, 128, 256) that the grouped GEMMs schedule with.
+// One block. Per expert: its count; then expert offsets, statistics and the tile prefix sums
+// (BM = 64, 128, 256) that the grouped GEMMs schedule with; then each count block's offset,
+// written once. The per-block counts are block-major ([blocks][E]), so a warp's loads of one
+// block's row are one coalesced line: the expert-major layout made each of them 32 sectors and
+// the scan a fifth of the index build on E = 512.
 template <int E, int K>
 MB_DEV void scan(const IndexBuildArgs& p) {
   __shared__ int counts[E];
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     int run = 0;
-    for (int b = 0; b < p.blocks; ++b) {
-      const i64 i = static_cast<i64>(e) * p.blocks + b;
-      const int c = p.block_counts[i];
-      p.block_offsets[i] = run;
-      run += c;
-    }
+#pragma unroll 8
+    for (int b = 0; b < p.blocks; ++b) run += p.block_counts[static_cast<i64>(b) * E + e];
     counts[e] = run;
     p.expert_counts[e] = run;
   }
@@ -122,8 +121,16 @@ MB_DEV void scan(const IndexBuildArgs& p) {
     }
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < E; e += blockDim.x)
-    for (int b = 0; b < p.blocks; ++b) p.block_offsets[static_cast<i64>(e) * p.blocks + b] += expert_base[e];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int run = expert_base[e];
+#pragma unroll 8
+    for (int b = 0; b < p.blocks; ++b) {
+      const i64 i = static_cast<i64>(b) * E + e;
+      const int c = p.block_counts[i];
+      p.block_offsets[i] = run;
+      run += c;
+    }
+  }
 }
 
 template <int E, int K>
@@ -132,7 +139,7 @@ MB_DEV void scatter(const IndexBuildArgs& p) {
   count_warp_runs<E, K>(p, base, false);
   // Counts -> this warp's first position per expert.
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    int run = p.block_offsets[static_cast<i64>(e) * p.blocks + blockIdx.x];
+    int run = p.block_offsets[static_cast<i64>(blockIdx.x) * E + e];
     for (int w = 0; w < WARPS; ++w) {
       const int c = base[w][e];
       base[w][e] = run;

@@ -50,8 +50,8 @@ struct IndexBuildArgs {
   const int* topk_ids;     // [T*K]
   i64 tokens;
   int blocks;              // blocks of the count/scatter kernels
-  int* block_counts;       // [E][blocks] scratch
-  int* block_offsets;      // [E][blocks] scratch
+  int* block_counts;       // [blocks][E] scratch
+  int* block_offsets;      // [blocks][E] scratch
   int* expert_token_indices;
   int* expert_token_offsets;
   int* token_expert_indices;

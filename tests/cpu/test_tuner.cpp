@@ -250,14 +250,16 @@ TEST_CASE("tuner: the runtime's hash is standard FNV-1a 64 and agrees with the c
 
 TEST_CASE("tuner: 192-column tiles where the output is a multiple of 192 but not of 256") {
   const LayerConfig gpt = find_preset("gpt-oss-20b").layer;  // d = n = 2880
-  // The all-TMA GEMMs default to 256-wide _tmastore64 tiles (measured faster on the H200 than their
-  // earlier 192-wide defaults), which stay candidates, as does a 192-wide gate_up_wgrad.
+  // The all-TMA GEMMs default to _tmastore64 tiles: gate_up_dgrad 256 wide (measured faster on
+  // the H200 than its earlier 192-wide default), down_proj the 128x192 ping-pong tile. The
+  // earlier 192-wide defaults stay candidates, as does a 192-wide gate_up_wgrad.
   for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::gate_up_dgrad}) {
     INFO(to_string(f));
     CHECK(fits_192_better(f, gpt));
-    CHECK(default_tile(f, gpt, Arch::sm_90a).bn == 256);
+    CHECK(default_tile(f, gpt, Arch::sm_90a).bn == (f == KernelFamily::down_proj ? 192 : 256));
     const auto c = tile_candidates(f, gpt, Arch::sm_90a, 12);
-    const int narrow = static_cast<int>(std::count_if(c.begin(), c.end(), [](const TileConfig& t) { return t.bn == 192; }));
+    const int narrow = static_cast<int>(std::count_if(
+        c.begin(), c.end(), [](const TileConfig& t) { return t.bn == 192 && !t.pingpong(); }));
     CHECK(narrow >= 2);  // the whole-tile TMA-store one and the 4-stage one
     for (const auto& t : c) CHECK_MESSAGE(legality_problem(KernelSpec{f, gpt, t, Arch::sm_90a}).empty(), t.to_string());
   }
@@ -269,6 +271,21 @@ TEST_CASE("tuner: 192-column tiles where the output is a multiple of 192 but not
   for (const auto& t : tile_candidates(KernelFamily::down_wgrad, gpt, Arch::sm_90a, 8)) CHECK(t.bn != 192);  // chunked dW2
   const LayerConfig mixtral = find_preset("mixtral-8x7b").layer;  // 4096 and 14336: multiples of 256
   for (const auto& t : tile_candidates(KernelFamily::down_proj, mixtral, Arch::sm_90a, 12)) CHECK(t.bn != 192);
+}
+
+TEST_CASE("tuner: gate_up is 2 x 160 wide where n is a multiple of 160 but not of 128, with the 128-wide tile a candidate") {
+  for (const Preset& p : presets()) {
+    if (!p.in_suite) continue;
+    INFO(p.name);
+    const bool fill160 = p.layer.shape.ffn % 128 != 0 && p.layer.shape.ffn % 160 == 0;
+    CHECK(fill160 == (p.name == "gpt-oss-20b"));  // n = 2880 = 18 x 160
+    const TileConfig up = default_tile(KernelFamily::gate_up, p.layer, Arch::sm_90a);
+    CHECK(up.to_string() == (fill160 ? "128x160x64_w8x1_s4_persist_tmacontig" : "128x128x64_w8x1_s4_persist_tmacontig"));
+    const auto c = tile_candidates(KernelFamily::gate_up, p.layer, Arch::sm_90a, 8);
+    CHECK(std::find_if(c.begin(), c.end(), [](const TileConfig& t) {
+            return t.to_string() == "128x128x64_w8x1_s4_persist_tmacontig";
+          }) != c.end());
+  }
 }
 
 TEST_CASE("tuner: the TMA-store families default to _tmastore64, the few-slot weight gradients to _tmastore; earlier defaults stay candidates") {
@@ -291,9 +308,14 @@ TEST_CASE("tuner: the TMA-store families default to _tmastore64, the few-slot we
     }
     for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::gate_up_dgrad}) {
       INFO(p << " " << to_string(f));
-      CHECK(default_tile(f, l, Arch::sm_90a).to_string() == "128x256x64_w8x1_s4_persist_tmacontig_tmastore64");
+      // down_proj: the 128x192 ping-pong tile where n <= 1024 or 192 fills d (gpt-oss-20b's 2880);
+      // mixtral-8x7b (n 14336) and deepseek-v3 (n 2048, d 7168) keep the cooperative 128x256.
+      const bool pingpong = f == KernelFamily::down_proj && std::string(p) != "mixtral-8x7b" && std::string(p) != "deepseek-v3";
+      CHECK(default_tile(f, l, Arch::sm_90a).to_string() ==
+            (pingpong ? "128x192x64_w4x1_s4_pingpong_tmacontig_tmastore64" : "128x256x64_w8x1_s4_persist_tmacontig_tmastore64"));
       std::set<std::string> names;
       for (const auto& t : tile_candidates(f, l, Arch::sm_90a, 8)) names.insert(t.to_string());
+      CHECK(names.count("128x256x64_w8x1_s4_persist_tmacontig_tmastore64") == 1);
       CHECK(names.count("128x256x64_w8x1_s3_persist_tmacontig_tmastore") == 1);
       CHECK(names.count(f == KernelFamily::down_proj ? "128x256x64_w8x1_s4_persist_tmacontig" : "128x256x64_w8x1_s4_ws_tmacontig") == 1);
     }
