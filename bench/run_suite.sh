@@ -66,9 +66,7 @@ if [ -n "${MOEBLAZE_QUACK_RESTORE:-}" ] && [ ! -f "$MOEBLAZE_QUACK_RESTORE" ]; t
   exit 2
 fi
 if [ -n "${MOEBLAZE_QUACK_RESTORE:-}" ] && [ -d "$MOEBLAZE_PEERS/sonicmoe" ]; then
-  bash "$MOEBLAZE_PEERS/sonicmoe/install.sh" "$SONIC_SITE" >/dev/null
-  tar xzf "$MOEBLAZE_QUACK_RESTORE" -C "$QUACK_CACHE"
-  echo "run_suite: restored $(tar tzf "$MOEBLAZE_QUACK_RESTORE" | wc -l) QuACK cache files" >&2
+  SONIC_SITE=$SONIC_SITE bench/quack_cache_restore.sh "$MOEBLAZE_QUACK_RESTORE"
 fi
 stamp=$(mktemp)
 status=0

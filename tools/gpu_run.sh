@@ -39,6 +39,11 @@ Steps (default: gpu kinds defaults py):
   mem       bench/memory_probe.py on MOEBLAZE_DEV_MEM_SHAPES
   bench     the suite against the PyTorch baselines (bench/suite.py)
   profile   Nsight Compute on one preset's GEMM kernels, one launch each, text report
+  peerprofile  Nsight Compute on one training step of SonicMoE and of moeblaze on the same
+            preset and inputs (bench/ncu_step.py: warm-up steps, then one profiled step), the
+            GEMM kernels of each with the profile step's sections: the peer's kernels beside
+            moeblaze's, stall for stall (SonicMoE's QuACK kernels restored first when
+            MOEBLAZE_QUACK_RESTORE is set)
   all       every step above, in this order
 
 Options:
@@ -74,6 +79,13 @@ Environment (all optional):
                                  MemoryWorkloadAnalysis ComputeWorkloadAnalysis WarpStateStats
                                  SchedulerStats Occupancy LaunchStats)
   MOEBLAZE_DEV_PROFILE_ARGS      more arguments of the profiled `moeblaze bench`, e.g. --tile
+  MOEBLAZE_DEV_PEER_PROFILE_IMPLS  peerprofile's implementations (default: sonicmoe moeblaze)
+  MOEBLAZE_DEV_PEER_PROFILE_KERNELS  peerprofile's ncu kernel filter for SonicMoE, a regex (default:
+                                 Gemm, QuACK's GEMM kernels); moeblaze's takes the profile
+                                 families (MOEBLAZE_DEV_PROFILE_FAMILIES)
+  MOEBLAZE_QUACK_RESTORE         peerprofile: a quack_cache_new.tgz of an earlier suite run
+                                 (bench/quack_cache_restore.sh), else SonicMoE's first backward
+                                 compiles ~30 QuACK kernels (2-3.5 minutes)
 For the commands it runs it sets MOEBLAZE_LIBRARY (BUILD/lib/libmoeblaze_c.so) and PYTHONPATH
 (python/), and MOEBLAZE_CACHE when unset (/tmp/moeblaze-dev-cache.db: a user's cache is not
 touched).
@@ -88,7 +100,7 @@ Examples:
 EOF
 }
 
-ALL_STEPS="gpu kinds defaults tune import tuned regress tiles py pysuite mem bench profile"
+ALL_STEPS="gpu kinds defaults tune import tuned regress tiles py pysuite mem bench profile peerprofile"
 DRY=${MOEBLAZE_DEV_DRY_RUN:-}
 steps=""
 for arg in "$@"; do
@@ -128,6 +140,11 @@ pack() { tar czf "$OUT/logs.tar.gz" -C "$OUT" logs; }
 
 # The check-only form of a moeblaze check or bench (same shape and tiles), nothing for others.
 dry_command() {
+  if [ "$1" = ncu ]; then  # a profiled Python step: its arguments, checked without a GPU
+    while [ $# -gt 0 ] && [ "$1" != bench/ncu_step.py ]; do shift; done
+    [ $# -gt 0 ] && echo "python3 $* --check"
+    return 0
+  fi
   [ "$1" = "$BIN" ] || return 0
   case ${2:-} in forward-check|grad-check|bench) ;; *) return 0 ;; esac
   shift 2
@@ -166,7 +183,7 @@ expect() {
   timeout "$limit" "$@" > "$LOG/$name.log" 2>&1
   LAST_RC=$?
   printf '%-40s rc=%-3s %4ss | %s\n' "$name" "$LAST_RC" "$(( $(date +%s) - t0 ))" \
-    "$(grep -E '^(PASS|FAIL)|step .* ms|passed|failed|slower|every tile legal' "$LOG/$name.log" | tail -n 3 | tr '\n' ' ' | cut -c1-200)" \
+    "$(grep -E '^(PASS|FAIL)|step .* ms|passed|failed|slower|every tile legal|one step profiled|arguments valid' "$LOG/$name.log" | tail -n 3 | tr '\n' ' ' | cut -c1-200)" \
     | tee -a "$OUT/summary.txt"
   if [ "$LAST_RC" -ne "$want" ]; then
     echo "  expected rc=$want; the log's end:" | tee -a "$OUT/summary.txt"
@@ -176,6 +193,16 @@ expect() {
   pack
 }
 check() { expect 0 "$@"; }
+
+# The profile steps' GEMM families (a regex alternation) and ncu sections.
+profile_families() { echo "${MOEBLAZE_DEV_PROFILE_FAMILIES:-gate_up|down_proj|gate_up_dgrad|gate_up_wgrad|down_dgrad|down_wgrad}"; }
+profile_sections() {
+  local x out=""
+  for x in ${MOEBLAZE_DEV_PROFILE_SECTIONS:-SpeedOfLight MemoryWorkloadAnalysis ComputeWorkloadAnalysis WarpStateStats SchedulerStats Occupancy LaunchStats}; do
+    out="$out --section $x"
+  done
+  echo "$out"
+}
 
 # ---- tile kinds: the tiles each kind runs (--tile FAMILY=TILE ...) and its small cases ----
 kind_tiles() {
@@ -342,12 +369,9 @@ bench)
   check suite 580 python3 bench/suite.py --shapes "${MOEBLAZE_DEV_SUITE_SHAPES:-qwen3-30b-a3b}" \
     --routing "${MOEBLAZE_DEV_SUITE_ROUTING:-random}" --out "$OUT/suite" ${MOEBLAZE_DEV_SUITE_ARGS:-} ;;
 profile)
-  pf=${MOEBLAZE_DEV_PROFILE_FAMILIES:-gate_up|down_proj|gate_up_dgrad|gate_up_wgrad|down_dgrad|down_wgrad}
+  pf=$(profile_families)
   preset=${MOEBLAZE_DEV_PROFILE_PRESET:-mixtral-8x7b}
-  sections=""
-  for x in ${MOEBLAZE_DEV_PROFILE_SECTIONS:-SpeedOfLight MemoryWorkloadAnalysis ComputeWorkloadAnalysis WarpStateStats SchedulerStats Occupancy LaunchStats}; do
-    sections="$sections --section $x"
-  done
+  sections=$(profile_sections)
   if [ -n "$DRY" ]; then  # the profiled run's shape and tiles, checked like a bench
     check "profile_$preset" 60 $BIN bench --preset "$preset" ${MOEBLAZE_DEV_PROFILE_ARGS:-}
   else
@@ -355,6 +379,22 @@ profile)
       --launch-count "$(echo "$pf" | tr '|' '\n' | wc -l)" $sections \
       $BIN bench --preset "$preset" --no-cache --steps 10 ${MOEBLAZE_DEV_PROFILE_ARGS:-}
   fi ;;
+peerprofile)
+  preset=${MOEBLAZE_DEV_PROFILE_PRESET:-mixtral-8x7b}
+  sections=$(profile_sections)
+  if [ -z "$DRY" ] && [ -n "${MOEBLAZE_QUACK_RESTORE:-}" ]; then
+    bench/quack_cache_restore.sh "$MOEBLAZE_QUACK_RESTORE" >> "$LOG/peerprofile_restore.log" 2>&1 ||
+      { echo "peerprofile: restoring $MOEBLAZE_QUACK_RESTORE failed (see logs/peerprofile_restore.log)" | tee -a "$OUT/summary.txt"; FAILS=$((FAILS + 1)); }
+  fi
+  for impl in ${MOEBLAZE_DEV_PEER_PROFILE_IMPLS:-sonicmoe moeblaze}; do
+    case $impl in
+      moeblaze*) kernels="regex:mb_($(profile_families))_E[0-9]" ;;
+      *) kernels="regex:${MOEBLAZE_DEV_PEER_PROFILE_KERNELS:-Gemm}" ;;
+    esac
+    # ncu starts profiling at the step's cudaProfilerStart, after the warm-up steps
+    check "peerprofile_${impl}_$preset" 580 ncu --profile-from-start off --target-processes all -k "$kernels" \
+      $sections python3 bench/ncu_step.py --impl "$impl" --shape "$preset"
+  done ;;
 esac; done
 [ -n "$DRY" ] || pack
 echo "gpu_run: $FAILS command(s) did not end as expected" | tee -a "$OUT/summary.txt"
