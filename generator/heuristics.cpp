@@ -122,8 +122,9 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
         // Gated: 2 x bn columns. 160 wide where n is a multiple of 160 but not of 128, so the
         // last column of tiles is whole (gpt-oss-20b's 2880 = 18 x 160 = 22.5 x 128): gate_up
         // 4.213 -> 4.108 and 4.121 -> 4.060 ms in two calls (K-major TMA weight boxes of 160
-        // rows; register stores, as the 128-wide tile).
-        if (layer.shape.ffn % 128 != 0 && layer.shape.ffn % 160 == 0) {
+        // rows; register stores, as the 128-wide tile). Like down_proj's ping-pong tile, only
+        // where n <= d (measured; no forward in slot chunks).
+        if (layer.shape.ffn % 128 != 0 && layer.shape.ffn % 160 == 0 && layer.shape.ffn <= layer.shape.hidden) {
           const TileConfig fill = tma(wgmma_tile(128, 160, 4, Mainloop::persistent));
           if (fill.tma_contiguous && legal(fill)) return fill;
         }
@@ -138,11 +139,14 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
         // 1.566 -> 1.477, olmoe-1b-7b (1024) 1.889 -> 1.801, gpt-oss-20b (2880 = 15 x 192) 1.761
         // -> 1.618; deepseek-v3 (2048) 7.614 -> 7.606 and mixtral-8x7b (14336) 5.715 -> 5.940
         // keep the cooperative tile. (Each warpgroup's tile is whole, so its A rows are read per
-        // 192 columns instead of 256: that costs where the reduction is long.)
+        // 192 columns instead of 256: that costs where the reduction is long.) Every measured
+        // layer has n <= d; wider h (n > d, whose forward may run in slot chunks,
+        // runtime/memory_plan.cpp) keeps the cooperative tile until a GPU has run that pairing.
         TileConfig pingpong = wgmma_tile(128, 192, 4, Mainloop::pingpong);
         pingpong.tma_contiguous = pingpong.tma_store = pingpong.tma_store_blocks = true;
         const bool short_reduction = layer.shape.ffn <= kPingpongSlotReduction;
-        if ((short_reduction || fits_192_better(family, layer)) && legal(pingpong)) return pingpong;
+        const bool measured_kind = layer.shape.ffn <= layer.shape.hidden;
+        if (measured_kind && (short_reduction || fits_192_better(family, layer)) && legal(pingpong)) return pingpong;
         return slot_rows_tile(Mainloop::persistent);
       }
       case KernelFamily::gate_up_wgrad:

@@ -273,11 +273,23 @@ TEST_CASE("tuner: 192-column tiles where the output is a multiple of 192 but not
   for (const auto& t : tile_candidates(KernelFamily::down_proj, mixtral, Arch::sm_90a, 12)) CHECK(t.bn != 192);
 }
 
+TEST_CASE("tuner: down_proj's ping-pong and gate_up's 160-wide defaults are for layers with n <= d (wider h keeps the earlier tiles)") {
+  LayerConfig narrow_h = find_preset("qwen3-30b-a3b").layer;  // n 768 <= d 2048
+  CHECK(default_tile(KernelFamily::down_proj, narrow_h, Arch::sm_90a).pingpong());
+  LayerConfig wide_h = narrow_h;
+  wide_h.shape.hidden = 512;  // n 768 > d: a forward that may run in slot chunks
+  CHECK(default_tile(KernelFamily::down_proj, wide_h, Arch::sm_90a).to_string() ==
+        "128x256x64_w8x1_s4_persist_tmacontig_tmastore64");
+  LayerConfig gpt_wide_h = find_preset("gpt-oss-20b").layer;  // n 2880 = 18 x 160
+  gpt_wide_h.shape.hidden = 2048;
+  CHECK(default_tile(KernelFamily::gate_up, gpt_wide_h, Arch::sm_90a).bn == 128);
+}
+
 TEST_CASE("tuner: gate_up is 2 x 160 wide where n is a multiple of 160 but not of 128, with the 128-wide tile a candidate") {
   for (const Preset& p : presets()) {
     if (!p.in_suite) continue;
     INFO(p.name);
-    const bool fill160 = p.layer.shape.ffn % 128 != 0 && p.layer.shape.ffn % 160 == 0;
+    const bool fill160 = p.layer.shape.ffn % 128 != 0 && p.layer.shape.ffn % 160 == 0 && p.layer.shape.ffn <= p.layer.shape.hidden;
     CHECK(fill160 == (p.name == "gpt-oss-20b"));  // n = 2880 = 18 x 160
     const TileConfig up = default_tile(KernelFamily::gate_up, p.layer, Arch::sm_90a);
     CHECK(up.to_string() == (fill160 ? "128x160x64_w8x1_s4_persist_tmacontig" : "128x128x64_w8x1_s4_persist_tmacontig"));
