@@ -32,6 +32,11 @@ constexpr int kShortSlotReduction = 48 * 64;
 // k-steps of 64, the longest measured win (deepseek-v3's 32 measured level).
 constexpr int kPingpongSlotReduction = 16 * 64;
 
+// The layers the n-dependent tiles below were measured on: h no wider than d, so the forward
+// runs in one slot chunk (runtime/memory_plan.cpp forward_chunks); a wider h keeps the earlier
+// tile until a GPU has run the pairing.
+static bool h_within_d(const LayerConfig& layer) { return layer.shape.ffn <= layer.shape.hidden; }
+
 bool few_slots_per_expert(const LayerConfig& layer, int64_t tokens) {
   const int64_t E = layer.shape.experts, K = layer.shape.topk;
   return tokens > 0 ? tokens * K <= 2048 * E : E >= 8 * K;
@@ -80,8 +85,8 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
     // gpt-oss-20b (from 128x192) 3.399 -> 3.438, deepseek-v3 13.829 -> 13.669.
     // Where the layer cannot take it (expert biases on down_proj, no TMA loads) the earlier
     // rules below pick the tile.
-    auto blocks_store_tile = [&]() {
-      TileConfig t = wgmma_tile(128, 256, 4, Mainloop::persistent);
+    auto blocks_store_tile = [&](int bn = 256, Mainloop mainloop = Mainloop::persistent) {
+      TileConfig t = wgmma_tile(128, bn, 4, mainloop);
       t.tma_contiguous = t.tma_store = t.tma_store_blocks = true;
       return t;
     };
@@ -122,9 +127,8 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
         // Gated: 2 x bn columns. 160 wide where n is a multiple of 160 but not of 128, so the
         // last column of tiles is whole (gpt-oss-20b's 2880 = 18 x 160 = 22.5 x 128): gate_up
         // 4.213 -> 4.108 and 4.121 -> 4.060 ms in two calls (K-major TMA weight boxes of 160
-        // rows; register stores, as the 128-wide tile). Like down_proj's ping-pong tile, only
-        // where n <= d (measured; no forward in slot chunks).
-        if (layer.shape.ffn % 128 != 0 && layer.shape.ffn % 160 == 0 && layer.shape.ffn <= layer.shape.hidden) {
+        // rows; register stores, as the 128-wide tile). Where n <= d (h_within_d).
+        if (layer.shape.ffn % 128 != 0 && layer.shape.ffn % 160 == 0 && h_within_d(layer)) {
           const TileConfig fill = tma(wgmma_tile(128, 160, 4, Mainloop::persistent));
           if (fill.tma_contiguous && legal(fill)) return fill;
         }
@@ -139,14 +143,11 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
         // 1.566 -> 1.477, olmoe-1b-7b (1024) 1.889 -> 1.801, gpt-oss-20b (2880 = 15 x 192) 1.761
         // -> 1.618; deepseek-v3 (2048) 7.614 -> 7.606 and mixtral-8x7b (14336) 5.715 -> 5.940
         // keep the cooperative tile. (Each warpgroup's tile is whole, so its A rows are read per
-        // 192 columns instead of 256: that costs where the reduction is long.) Every measured
-        // layer has n <= d; wider h (n > d, whose forward may run in slot chunks,
-        // runtime/memory_plan.cpp) keeps the cooperative tile until a GPU has run that pairing.
-        TileConfig pingpong = wgmma_tile(128, 192, 4, Mainloop::pingpong);
-        pingpong.tma_contiguous = pingpong.tma_store = pingpong.tma_store_blocks = true;
+        // 192 columns instead of 256: that costs where the reduction is long.) Where n <= d
+        // (h_within_d).
+        const TileConfig pingpong = blocks_store_tile(192, Mainloop::pingpong);
         const bool short_reduction = layer.shape.ffn <= kPingpongSlotReduction;
-        const bool measured_kind = layer.shape.ffn <= layer.shape.hidden;
-        if (measured_kind && (short_reduction || fits_192_better(family, layer)) && legal(pingpong)) return pingpong;
+        if (h_within_d(layer) && (short_reduction || fits_192_better(family, layer)) && legal(pingpong)) return pingpong;
         return slot_rows_tile(Mainloop::persistent);
       }
       case KernelFamily::gate_up_wgrad:
