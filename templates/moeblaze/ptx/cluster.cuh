@@ -24,11 +24,16 @@ MB_DEV void cluster_sync() {
 
 MB_DEV void fence_mbarrier_init_cluster() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
-// Arrives on the mbarrier at `bar`'s offset in the shared memory of cluster block `cta`.
+// Arrives on the mbarrier at `bar`'s offset in the shared memory of cluster block `cta`, with the
+// instruction's default semantics (release at CTA scope), as CUTLASS's ClusterBarrier::arrive.
+// A consumer hands a stage back this way once the wgmma that read it has completed, so the
+// partner's TMA writes into the buffer need no further ordering. `.release.cluster` compiled to
+// MEMBAR.ALL.GPU + ERRBAR + CGAERRBAR before the arrive (ptxas, CUDA 13.0): a GPU-wide fence a
+// warp a k-step in every cluster pair's consumer loop.
 MB_DEV void mbar_arrive_cluster(mbar_t* bar, unsigned cta) {
   asm volatile(
       "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_addr(bar)),
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_addr(bar)),
       "r"(cta)
       : "memory");
 }
