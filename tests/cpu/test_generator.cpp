@@ -579,7 +579,13 @@ TEST_CASE("generator: ping-pong warpgroups holding a whole 128 x 192 tile take t
         CHECK((ptx.find("setmaxnreg.inc.sync.aligned.u32 224") != std::string::npos) == wide);
         CHECK((ptx.find("setmaxnreg.dec.sync.aligned.u32 56") != std::string::npos) == wide);
         CHECK(ptx.find(wide ? "m64n192k16" : "m64n160k16") != std::string::npos);
-        if (specs[i].tile.cluster_m == 2) CHECK(ptx.find("multicast::cluster") != std::string::npos);
+        if (specs[i].tile.cluster_m == 2) {
+          CHECK(ptx.find("multicast::cluster") != std::string::npos);
+          // the partner's stage released with the default (CTA-scope) semantics: a cluster-scope
+          // release is a GPU-wide fence (MEMBAR.ALL.GPU) a warp a k-step
+          CHECK(ptx.find("mbarrier.arrive.shared::cluster.b64") != std::string::npos);
+          CHECK(ptx.find("mbarrier.arrive.release.cluster") == std::string::npos);
+        }
       }
     }
   }
