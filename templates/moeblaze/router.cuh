@@ -49,6 +49,13 @@ struct TokenScores {
   }
 };
 
+// A float's order as an unsigned integer (larger float, larger key; -0 and +0 the same key),
+// for the warp's integer max reduction. Keys are never NaN (scores are finite or -inf).
+MB_DEV unsigned ordered_key(float f) {
+  const unsigned u = __float_as_uint(f + 0.f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
 template <int E, int K, RouterKind KIND, bool RENORM>
 MB_DEV void topk(const RouterTopkArgs& p) {
   const int lane = threadIdx.x & 31;
@@ -72,12 +79,10 @@ MB_DEV void topk(const RouterTopkArgs& p) {
 #pragma unroll
     for (int i = 0; i < VPL; ++i)
       if (key[i] > bk) { bk = key[i]; bi = lane + 32 * i; }  // ascending e: ties keep the lower id
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ok = __shfl_xor_sync(0xffffffffu, bk, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ok > bk || (ok == bk && oi < bi)) { bk = ok; bi = oi; }
-    }
+    // The warp's largest key, then the lowest id holding it: two redux.sync instead of a
+    // five-level butterfly of value and id shuffles. The keys compare as floats do (-0 made +0).
+    const unsigned top = __reduce_max_sync(0xffffffffu, ordered_key(bk));
+    bi = static_cast<int>(__reduce_min_sync(0xffffffffu, ordered_key(bk) == top ? static_cast<unsigned>(bi) : 0xffffffffu));
     float s = 0.f;
 #pragma unroll
     for (int i = 0; i < VPL; ++i)
