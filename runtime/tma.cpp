@@ -93,6 +93,8 @@ TmaMap encode_output_map(CUdeviceptr base, int64_t experts, int64_t rows, int64_
 int64_t w1_map_rows(const LayerConfig& l) { return int64_t{l.shape.experts} * l.w1_rows(); }
 int64_t w3_map_rows(const LayerConfig& l) { return w1_map_rows(l) - (l.fused_gate_up() ? l.shape.ffn : 0); }
 
+bool f32_tma_epilogue(const TileConfig& t) { return t.tma_store && t.bm >= 128; }
+
 int k_major_weight_box_rows(const TileConfig& t, int parts) {
   return parts == 1 ? t.bn / t.cluster_m : t.bn;
 }
@@ -153,7 +155,7 @@ void attach_output_maps(WgradArgs& w, const TileConfig& t, int64_t experts, int6
   // buffer (tiles of 128 rows or more: gemm/epilogue/wgrad_store.cuh tma_epilogue).
   if (!t.tma_store) return;
   const bool f32 = w.grad_output == static_cast<int>(GradOutput::add_f32);
-  if (f32 && (t.bm < 128 || t.tma_store_blocks)) return;  // tma_store.cuh f32_slabs_fit
+  if (f32 && !f32_tma_epilogue(t)) return;
   const OutputElement elem = f32 ? OutputElement::f32 : OutputElement::bf16;
   const int box_rows = f32 ? 64 : t.bm;
   w.tma_out0 = encode_output_map(reinterpret_cast<CUdeviceptr>(out0), experts, rows, cols, ld, box_rows,

@@ -57,6 +57,12 @@ TmaMap encode_output_map(CUdeviceptr base, int64_t experts, int64_t rows, int64_
 // (W1 | W3) multicasts one whole part from each block.
 int k_major_weight_box_rows(const TileConfig& t, int parts);
 
+// Whether a TMA-store tile adds an fp32 main gradient by TMA (gemm/epilogue/tma_store.cuh
+// f32_slabs_fit): tiles of 128 rows or more, whose bf16 staging holds a [64][BN] fp32 slab
+// (whole-tile staging) or a [64][64] fp32 chunk (each 64-column buffer of _tmastore64); other
+// tiles add from registers and get no fp32 map.
+bool f32_tma_epilogue(const TileConfig& t);
+
 // The tensor maps of a TMA tile's kernel argument (TileConfig::tma_contiguous; nothing otherwise).
 void attach_weight_maps(GateUpArgs& up, const TileConfig& t, const LayerConfig& l);
 void attach_weight_maps(DownProjArgs& down, const TileConfig& t, const LayerConfig& l, int64_t h_rows);

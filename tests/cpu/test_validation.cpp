@@ -237,6 +237,18 @@ TEST_CASE("validation: K-major weight boxes of cluster pairs split one-part stag
   CHECK(k_major_weight_box_rows(t, 1) == 80);
 }
 
+TEST_CASE("validation: fp32 main gradients take the TMA epilogue on 128-row TMA-store tiles, both stagings") {
+  TileConfig t = wgmma_tile(128, 256, 3, Mainloop::persistent);
+  CHECK_FALSE(f32_tma_epilogue(t));  // register stores
+  t.tma_store = true;
+  CHECK(f32_tma_epilogue(t));  // whole-tile staging: 64-row slabs
+  t.stages = 4;
+  t.tma_store_blocks = true;
+  CHECK(f32_tma_epilogue(t));  // 64-column staging: [64][64] chunks
+  t.bm = 64;
+  CHECK_FALSE(f32_tma_epilogue(t));  // a 64-row buffer holds half a chunk
+}
+
 TEST_CASE("validation: TMA-store output maps view [E, rows, cols] in 3-D with [1][bm][64] boxes") {
   const OutputMapParams p = output_map_params(kFakeBase, 8, 4096, 3584, 14336, 128, "dw2");  // a dW2 column chunk
   CHECK(p.dims[0] == 3584);

@@ -96,13 +96,14 @@ MB_DEV void tma_store_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const Sto
   }
 }
 
-// An fp32 main gradient goes through the TMA epilogue 64 rows at a time, which the bf16
-// staging buffer holds when the tile has 128 rows or more and is staged whole; other tiles keep
-// the register epilogue (gemm/epilogue/wgrad_store.cuh). The host encodes the maps by the same rule
-// (runtime/tma.cpp attach_output_maps).
+// An fp32 main gradient goes through the TMA epilogue in [64 rows][BN or 64 columns] pieces,
+// which the bf16 staging holds when the tile has 128 rows or more: a whole-tile buffer holds a
+// 64-row slab, each 64-column buffer a [64][64] chunk. Other tiles keep the register epilogue
+// (gemm/epilogue/wgrad_store.cuh). The host encodes the maps by the same rule
+// (runtime/tma.cpp f32_tma_epilogue).
 template <class Cfg>
 MB_DEV constexpr bool f32_slabs_fit() {
-  return Cfg::BM >= 128 && !Cfg::STORE_BLOCKS;
+  return Cfg::BM >= 128;
 }
 
 // Whether a TMA-store tile (Tile::TMA_STORE) writes this GradOutput through its staged TMA
@@ -117,7 +118,8 @@ MB_DEV bool tma_epilogue(int grad_output) {
 // warpgroup's rows), each slab staged once the previous one's reductions have read the buffer.
 template <class Cfg>
 MB_DEV void tma_add_tile_f32(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const StoreTarget& to) {
-  static_assert(Cfg::TMA_STORE && Cfg::NB == 1 && f32_slabs_fit<Cfg>(), "an fp32 slab fills a 128-row bf16 staging buffer");
+  static_assert(Cfg::TMA_STORE && Cfg::NB == 1 && f32_slabs_fit<Cfg>() && !Cfg::STORE_BLOCKS,
+                "an fp32 slab fills a 128-row whole-tile bf16 staging buffer");
   float* out = reinterpret_cast<float*>(staging_buffer<Cfg>());
   const bool issuer = consumer_tid<Cfg>() == 0;
 #pragma unroll 1
@@ -142,13 +144,53 @@ MB_DEV void tma_add_tile_f32(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const S
     if (issuer) bulk_wait_all();
 }
 
+// Consumers only, 64-column staging (_tmastore64): add the accumulator tile into an fp32 main
+// gradient by TMA reduce-add in [64 rows][64 columns] chunks (16 KiB: one [BM][64] bf16 buffer),
+// slab by slab, in the two buffers in turn, one commit group a chunk. A 128-row tile has an even
+// number of chunks, so chunk i always reuses the buffer of chunk i - 2 (of this tile or the
+// previous one), whose group is not the newest: waiting until only the newest may still read
+// frees it. Each chunk leaves as two [64][32] boxes of the fp32 map.
+template <class Cfg>
+MB_DEV void tma_add_blocks_f32(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const StoreTarget& to) {
+  static_assert(Cfg::TMA_STORE && Cfg::NB == 1 && Cfg::STORE_BLOCKS && f32_slabs_fit<Cfg>() && Cfg::BM * 64 * 2 == 64 * 64 * 4,
+                "an fp32 [64][64] chunk fills one 128-row [BM][64] bf16 buffer");
+  static_assert((Cfg::BM / 64) * (Cfg::BN / 64) % 2 == 0, "an even number of chunks a tile keeps the buffers' turns");
+  bf16_t* out = staging_buffer<Cfg>();
+  const bool issuer = consumer_tid<Cfg>() == 0;
+#pragma unroll 1
+  for (int slab = 0; slab < Cfg::BM / 64; ++slab) {
+    const int r0 = slab * 64;
+#pragma unroll
+    for (int j = 0; j < Cfg::BN / 64; ++j) {
+      const int chunk = slab * (Cfg::BN / 64) + j;
+      float* block = reinterpret_cast<float*>(out + (chunk & 1) * Cfg::BM * 64);
+      if (issuer) bulk_wait_read_all_but_newest();
+      consumer_sync<Cfg>();
+      for_each_pair<Cfg>(acc, [&](int r, int c, float v0, float v1) {
+        if (r >= r0 && r < r0 + 64 && (c >> 6) == j)
+          *reinterpret_cast<float2*>(block + staged_offset_f32(r - r0, c & 63)) = make_float2(v0, v1);
+      });
+      fence_proxy_async_smem();
+      consumer_sync<Cfg>();
+      if (issuer) {
+        tma_reduce_add_3d(to.map, block, to.col + 64 * j, to.row + r0, to.expert);
+        tma_reduce_add_3d(to.map, block + 64 * 32, to.col + 64 * j + 32, to.row + r0, to.expert);
+        bulk_commit();
+      }
+    }
+  }
+  if constexpr (!Cfg::PERSISTENT)
+    if (issuer) bulk_wait_all();
+}
+
 // Consumers only: the weight gradient of a TMA-store tile, by its GradOutput (those that
 // tma_epilogue sends this way).
 template <class Cfg>
 MB_DEV void tma_wgrad_tile(const float (&acc)[1][Cfg::MT][Cfg::NT][4], const StoreTarget& to, int grad_output) {
   if constexpr (f32_slabs_fit<Cfg>()) {
     if (grad_output == static_cast<int>(GradOutput::add_f32)) {
-      tma_add_tile_f32<Cfg>(acc, to);
+      if constexpr (Cfg::STORE_BLOCKS) tma_add_blocks_f32<Cfg>(acc, to);
+      else tma_add_tile_f32<Cfg>(acc, to);
       return;
     }
   }
