@@ -38,7 +38,7 @@ Steps (default: gpu kinds defaults py):
   pysuite   the PyTorch module against the reference on the six suite shapes
   mem       bench/memory_probe.py on MOEBLAZE_DEV_MEM_SHAPES
   bench     the suite against the PyTorch baselines (bench/suite.py)
-  profile   Nsight Compute on one preset's GEMM kernels, one launch each, text report
+  profile   Nsight Compute on one preset's GEMM kernels, one launch each (reports under OUT/ncu/)
   peerprofile  Nsight Compute on one training step of SonicMoE and of moeblaze on the same
             preset and inputs (bench/ncu_step.py: warm-up steps, then one profiled step), the
             GEMM kernels of each with the profile step's sections: the peer's kernels beside
@@ -137,6 +137,20 @@ FAILS=0
 LAST_RC=0
 
 pack() { tar czf "$OUT/logs.tar.gz" -C "$OUT" logs; }
+
+# Nsight Compute's report of a profiled run, kept as files: NAME.ncu-rep (open it in the Nsight
+# Compute GUI), NAME_details.txt (the sections' tables), NAME_raw.csv.gz (every metric collected)
+# and, when SourceCounters ran, NAME_source.csv.gz (per-SASS-instruction samples of each kernel).
+ncu_export_args() { mkdir -p "$OUT/ncu"; echo "--export $OUT/ncu/$1 --force-overwrite"; }
+ncu_pages() {
+  local rep=$OUT/ncu/$1
+  [ -z "$DRY" ] && [ -f "$rep.ncu-rep" ] || return 0
+  ncu --import "$rep.ncu-rep" --page details > "${rep}_details.txt" 2>&1
+  ncu --import "$rep.ncu-rep" --page raw --csv 2>&1 | gzip > "${rep}_raw.csv.gz"
+  case " ${MOEBLAZE_DEV_PROFILE_SECTIONS:-} " in
+    *" SourceCounters "*) ncu --import "$rep.ncu-rep" --page source --print-source sass --csv 2>&1 | gzip > "${rep}_source.csv.gz" ;;
+  esac
+}
 
 # The check-only form of a moeblaze check or bench (same shape and tiles), nothing for others.
 dry_command() {
@@ -376,8 +390,9 @@ profile)
     check "profile_$preset" 60 $BIN bench --preset "$preset" ${MOEBLAZE_DEV_PROFILE_ARGS:-}
   else
     check "profile_$preset" 400 ncu --target-processes all -k "regex:mb_($pf)_E[0-9]" \
-      --launch-count "$(echo "$pf" | tr '|' '\n' | wc -l)" $sections \
+      --launch-count "$(echo "$pf" | tr '|' '\n' | wc -l)" $sections $(ncu_export_args "profile_$preset") \
       $BIN bench --preset "$preset" --no-cache --steps 10 ${MOEBLAZE_DEV_PROFILE_ARGS:-}
+    ncu_pages "profile_$preset"
   fi ;;
 peerprofile)
   preset=${MOEBLAZE_DEV_PROFILE_PRESET:-mixtral-8x7b}
@@ -393,7 +408,8 @@ peerprofile)
     esac
     # ncu starts profiling at the step's cudaProfilerStart, after the warm-up steps
     check "peerprofile_${impl}_$preset" 580 ncu --profile-from-start off --target-processes all -k "$kernels" \
-      $sections python3 bench/ncu_step.py --impl "$impl" --shape "$preset"
+      $sections $(ncu_export_args "peerprofile_${impl}_$preset") python3 bench/ncu_step.py --impl "$impl" --shape "$preset"
+    ncu_pages "peerprofile_${impl}_$preset"
   done ;;
 esac; done
 [ -n "$DRY" ] || pack
