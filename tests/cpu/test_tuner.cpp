@@ -285,14 +285,19 @@ TEST_CASE("tuner: down_proj's ping-pong and gate_up's 160-wide defaults are for 
   CHECK(default_tile(KernelFamily::gate_up, gpt_wide_h, Arch::sm_90a).bn == 128);
 }
 
-TEST_CASE("tuner: gate_up is 2 x 160 wide where n is a multiple of 160 but not of 128, with the 128-wide tile a candidate") {
+TEST_CASE("tuner: gate_up is the 128 x (2 x 96) ping-pong tile where n is a multiple of 96, else 2 x 160 where n is a multiple of 160 but not of 128, with the 128-wide tile a candidate") {
   for (const Preset& p : presets()) {
     if (!p.in_suite) continue;
     INFO(p.name);
-    const bool fill160 = p.layer.shape.ffn % 128 != 0 && p.layer.shape.ffn % 160 == 0 && p.layer.shape.ffn <= p.layer.shape.hidden;
-    CHECK(fill160 == (p.name == "gpt-oss-20b"));  // n = 2880 = 18 x 160
+    const int n = p.layer.shape.ffn;
+    const bool within_d = n <= p.layer.shape.hidden;
+    const bool pingpong96 = n % 96 == 0 && within_d;
+    CHECK(pingpong96 == (p.name == "qwen3-30b-a3b" || p.name == "gpt-oss-20b"));  // 768 = 8 x 96, 2880 = 30 x 96
+    const bool fill160 = !pingpong96 && n % 128 != 0 && n % 160 == 0 && within_d;
+    CHECK_FALSE(fill160);  // gpt-oss-20b's 2880 = 18 x 160 takes the ping-pong tile first
     const TileConfig up = default_tile(KernelFamily::gate_up, p.layer, Arch::sm_90a);
-    CHECK(up.to_string() == (fill160 ? "128x160x64_w8x1_s4_persist_tmacontig" : "128x128x64_w8x1_s4_persist_tmacontig"));
+    CHECK(up.to_string() == (pingpong96 ? "128x96x64_w4x1_s5_pingpong_tmacontig_directarrive"
+                                        : "128x128x64_w8x1_s4_persist_tmacontig"));
     const auto c = tile_candidates(KernelFamily::gate_up, p.layer, Arch::sm_90a, 8);
     CHECK(std::find_if(c.begin(), c.end(), [](const TileConfig& t) {
             return t.to_string() == "128x128x64_w8x1_s4_persist_tmacontig";

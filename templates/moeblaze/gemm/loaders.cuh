@@ -22,23 +22,51 @@ struct TileLoader {
   static constexpr int PER_THREAD = CHUNKS / THREADS;
   static constexpr int ROW_STEP = THREADS / CHUNKS_PER_ROW;
 
-  // K-major rows keep their pointers (one index load per tile, not per stage). Recomputing
-  // never-gathered rows per stage instead measured more producer spills, not fewer.
+  // K-major rows keep their pointers, this thread's column included (one index load per tile,
+  // not per stage). Recomputing never-gathered rows per stage instead measured more producer
+  // spills, not fewer. A row past the source's end reads the tile's first row instead of
+  // zeros: K-major rows are output rows (slots, tokens, output columns), never summed over, and
+  // every epilogue stores only the rows and columns that exist; so a stage inside the k range
+  // loads with no predicate at all, two instructions a copy, as QuACK's gather does. A tile
+  // with no row at all (a cluster pair's empty half) keeps zero-filled copies that read nothing.
   const Src& src;
   int row0, col;                           // this thread's first row and its column
+  bool any_row;                            // K-major: the tile has a row 0
   const bf16_t* rows[KMAJOR ? PER_THREAD : 1];
 
   MB_DEV TileLoader(const Src& s, int tid) : src(s) {
     row0 = tid / CHUNKS_PER_ROW;
     col = (tid % CHUNKS_PER_ROW) * 8;
     if constexpr (KMAJOR) {
+      const bf16_t* first = src.row(0);
+      any_row = first != nullptr;
+      if (!any_row) first = src.fallback();
 #pragma unroll
-      for (int i = 0; i < PER_THREAD; ++i) rows[i] = src.row(row0 + i * ROW_STEP);
+      for (int i = 0; i < PER_THREAD; ++i) {
+        const bf16_t* p = src.row(row0 + i * ROW_STEP);
+        rows[i] = (p != nullptr ? p : first) + col;
+      }
     }
   }
 
   // k0: first k of this stage.
-  MB_DEV void load(bf16_t* smem, int k0) const {
+  MB_DEV void load(bf16_t* smem, int k0) const { load(smem_addr(smem), k0); }
+  // The same into the stage at shared-window address `smem`.
+  MB_DEV void load(unsigned smem, int k0) const {
+    auto at = [&](int r) { return smem + 2u * static_cast<unsigned>(BLOCKED ? swizzle_blocked<ROWS>(r, col) : swizzle<COLS>(r, col)); };
+    if constexpr (KMAJOR) {
+      if (any_row && k0 + COLS <= src.limit) {  // every chunk of the stage exists
+#pragma unroll
+        for (int i = 0; i < PER_THREAD; ++i) cp_async16(at(row0 + i * ROW_STEP), rows[i] + k0);
+      } else {
+#pragma unroll
+        for (int i = 0; i < PER_THREAD; ++i) {
+          const bool ok = any_row && k0 + col < src.limit;
+          cp_async16(at(row0 + i * ROW_STEP), ok ? rows[i] + k0 : src.fallback(), ok);
+        }
+      }
+      return;
+    }
     if constexpr (!KMAJOR) {
       // MN-major stage whose k rows all exist and are evenly spaced (weights, h, dH): one
       // pointer and a stride instead of a row lookup per chunk. The per-chunk lookups made a
@@ -49,30 +77,16 @@ struct TileLoader {
         const bf16_t* p = ok ? src.row(k0 + row0) + col : src.fallback();
         const i64 step = ok ? static_cast<i64>(ROW_STEP) * src.ld : 0;
 #pragma unroll
-        for (int i = 0; i < PER_THREAD; ++i) {
-          const int r = row0 + i * ROW_STEP;
-          const int at = BLOCKED ? swizzle_blocked<ROWS>(r, col) : swizzle<COLS>(r, col);
-          cp_async16(smem + at, p + i * step, ok);
-        }
+        for (int i = 0; i < PER_THREAD; ++i) cp_async16(at(row0 + i * ROW_STEP), p + i * step, ok);
         return;
       }
     }
 #pragma unroll
     for (int i = 0; i < PER_THREAD; ++i) {
       const int r = row0 + i * ROW_STEP;
-      const bf16_t* p;
-      bool ok;
-      if constexpr (KMAJOR) {
-        p = rows[i];
-        ok = p != nullptr && k0 + col < src.limit;
-        p = ok ? p + k0 + col : nullptr;
-      } else {
-        p = src.row(k0 + r);
-        ok = p != nullptr && col < src.limit;
-        p = ok ? p + col : nullptr;
-      }
-      const int at = BLOCKED ? swizzle_blocked<ROWS>(r, col) : swizzle<COLS>(r, col);
-      cp_async16(smem + at, ok ? p : src.fallback(), ok);
+      const bf16_t* p = src.row(k0 + r);  // MN-major: a missing k row must read zeros
+      const bool ok = p != nullptr && col < src.limit;
+      cp_async16(at(r), ok ? p + col : src.fallback(), ok);
     }
   }
 };
@@ -97,16 +111,18 @@ struct MnMajorLoader {
 #pragma unroll
     for (int i = 0; i < R; ++i) keys[i] = src.key(k0 + Map::row(tid, i));
   }
-  // The G chunks of tile row r from global row p (nullptr: zero-filled).
-  MB_DEV void copy_row(bf16_t* smem, int r, const bf16_t* p) const {
+  // The G chunks of tile row r from global row p (nullptr: zero-filled), into the stage at
+  // shared-window address `smem`.
+  MB_DEV void copy_row(unsigned smem, int r, const bf16_t* p) const {
 #pragma unroll
     for (int j = 0; j < G; ++j) {
       const int c = Map::col(tid, j);
       const bool ok = p != nullptr && c < src.limit;
-      cp_async16(smem + Map::offset(r, c), ok ? p + c : src.fallback(), ok);
+      cp_async16(smem + 2u * static_cast<unsigned>(Map::offset(r, c)), ok ? p + c : src.fallback(), ok);
     }
   }
-  MB_DEV void load(bf16_t* smem) const {
+  MB_DEV void load(bf16_t* smem) const { load(smem_addr(smem)); }
+  MB_DEV void load(unsigned smem) const {
     if (src.contiguous(k_first, ROWS)) {  // hg, dH: never gathered (see TileLoader::load)
       const bf16_t* p = src.row(k_first + Map::row(tid, 0));
       const i64 step = static_cast<i64>(ROW_STEP) * src.ld;
@@ -130,6 +146,7 @@ struct StageLoader<ROWS, COLS, THREADS, true, Src> {
   MB_DEV StageLoader(const Src& s, int tid) : loader(s, tid) {}
   MB_DEV void fetch(int) {}
   MB_DEV void load(bf16_t* smem, int k0) const { loader.load(smem, k0); }
+  MB_DEV void load(unsigned smem, int k0) const { loader.load(smem, k0); }
 };
 template <int ROWS, int COLS, int THREADS, class Src>
 struct StageLoader<ROWS, COLS, THREADS, false, Src> {
@@ -143,7 +160,8 @@ struct StageLoader<ROWS, COLS, THREADS, false, Src> {
   MB_DEV void fetch(int k0) {
     if constexpr (PREFETCH) loader.fetch(k0);
   }
-  MB_DEV void load(bf16_t* smem, int k0) const {
+  MB_DEV void load(bf16_t* smem, int k0) const { load(smem_addr(smem), k0); }
+  MB_DEV void load(unsigned smem, int k0) const {
     if constexpr (PREFETCH) loader.load(smem);
     else loader.load(smem, k0);
   }

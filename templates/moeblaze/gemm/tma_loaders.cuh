@@ -169,9 +169,9 @@ struct LoaderFor<ROWS, COLS, THREADS, false, TmaMnWeights<P>, CLUSTER> {
 };
 
 template <bool TMA, class Loader>
-MB_DEV void load_operand(Loader& l, bf16_t* smem, int k0, mbar_t* full) {
+MB_DEV void load_operand(Loader& l, bf16_t* smem, unsigned smem_at, int k0, mbar_t* full) {
   if constexpr (TMA) l.load(smem, k0, full);
-  else l.load(smem, k0);
+  else l.load(smem_at, k0);
 }
 
 }  // namespace moeblaze::gemm

@@ -30,13 +30,14 @@ MB_DEV void fence_mbarrier_init_cluster() { asm volatile("fence.mbarrier_init.re
 // partner's TMA writes into the buffer need no further ordering. `.release.cluster` compiled to
 // MEMBAR.ALL.GPU + ERRBAR + CGAERRBAR before the arrive (ptxas, CUDA 13.0): a GPU-wide fence a
 // warp a k-step in every cluster pair's consumer loop.
-MB_DEV void mbar_arrive_cluster(mbar_t* bar, unsigned cta) {
+MB_DEV void mbar_arrive_cluster(unsigned bar, unsigned cta) {
   asm volatile(
       "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_addr(bar)),
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
       "r"(cta)
       : "memory");
 }
+MB_DEV void mbar_arrive_cluster(mbar_t* bar, unsigned cta) { mbar_arrive_cluster(smem_addr(bar), cta); }
 
 // Box at (k, row) of a 2-D tensor map into `smem` of every cluster block in `cta_mask` (bit i:
 // block i), each completing the box's bytes on its own mbarrier at `bar`'s offset.

@@ -8,11 +8,17 @@ namespace moeblaze {
 MB_DEV unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
-// 16-byte global->shared copy; when !valid it writes 16 zero bytes and reads nothing.
-MB_DEV void cp_async16(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
-               "l"(gmem), "r"(valid ? 16 : 0));
+// 16-byte global->shared copy to a shared-window address; when !valid it writes 16 zero bytes
+// and reads nothing. Hot loops take their stage base through smem_addr once and add offsets:
+// converting a generic pointer a copy at a time cost an S2R of the window base each time.
+MB_DEV void cp_async16(unsigned smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(valid ? 16 : 0));
 }
+// A copy whose 16 source bytes are known to exist: no zero-fill operand to compute.
+MB_DEV void cp_async16(unsigned smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem));
+}
+MB_DEV void cp_async16(void* smem, const void* gmem, bool valid) { cp_async16(smem_addr(smem), gmem, valid); }
 MB_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 MB_DEV void cp_async_wait() {

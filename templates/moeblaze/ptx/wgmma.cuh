@@ -10,10 +10,22 @@ namespace moeblaze::gemm {
 // Shared-memory matrix descriptor, 128-byte swizzle (PTX ISA "matrix descriptor"): bits 0-13
 // start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4 (1024: one
 // 8-row atom), 62-63 swizzle mode (1 = 128 B).
+// The descriptor in two halves: the lower (start address >> 4, leading byte offset) moves with
+// the address; the upper (1024-byte stride, 128-byte swizzle) is the same for every tile. A
+// start address inside shared memory (< 256 KiB) never carries out of its 14-bit field, so an
+// offset of b bytes (a multiple of 16) is lo + b / 16.
+MB_DEV unsigned sw128_desc_lo(unsigned smem, unsigned leading_bytes = 16) {
+  return ((smem & 0x3FFFF) >> 4) | ((leading_bytes >> 4) << 16);
+}
+MB_DEV unsigned long long sw128_desc_from_lo(unsigned lo) {
+  constexpr unsigned hi = (1024u >> 4) | (1u << 30);
+  return (static_cast<unsigned long long>(hi) << 32) | lo;
+}
+MB_DEV unsigned long long sw128_desc(unsigned smem, unsigned leading_bytes = 16) {
+  return sw128_desc_from_lo(sw128_desc_lo(smem, leading_bytes));
+}
 MB_DEV unsigned long long sw128_desc(const void* smem, unsigned leading_bytes = 16) {
-  const unsigned long long addr = smem_addr(smem);
-  return ((addr & 0x3FFFF) >> 4) | (static_cast<unsigned long long>(leading_bytes >> 4) << 16) |
-         ((1024ull >> 4) << 32) | (1ull << 62);
+  return sw128_desc(smem_addr(smem), leading_bytes);
 }
 
 MB_DEV void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

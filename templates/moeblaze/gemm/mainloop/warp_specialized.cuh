@@ -63,14 +63,32 @@ MB_DEV void consumer_sync() {
 // number of k stages run by the block's earlier tiles (`it`, the same on every thread:
 // producer and consumers walk the same tiles). Stage s of the block's i-th k step is i % S,
 // and every barrier's phase parity follows from i, so the pipeline runs on across tiles.
+// The loops keep (stage, parity) as a StageCursor, derived from `it` once a tile. Barriers are
+// also named by shared-window address (`addr`): converted once, not at every wait and arrive.
 template <class Cfg>
 struct WsPipe {
   static constexpr int S = Cfg::STAGES;
   mbar_t* bars;  // landed[S], full[S], empty[S]
+  unsigned addr;  // smem_addr(bars)
   int it;
-  MB_DEV mbar_t* landed(int s) const { return bars + s; }
   MB_DEV mbar_t* full(int s) const { return bars + S + s; }
-  MB_DEV mbar_t* empty(int s) const { return bars + 2 * S + s; }
+  MB_DEV unsigned landed_at(int s) const { return addr + 8u * s; }
+  MB_DEV unsigned full_at(int s) const { return addr + 8u * (S + s); }
+  MB_DEV unsigned empty_at(int s) const { return addr + 8u * (2 * S + s); }
+};
+
+// The stage buffer and phase parity of a running k-step count, advanced without a division.
+template <int S>
+struct StageCursor {
+  int stage;
+  unsigned parity;
+  MB_DEV explicit StageCursor(int count) : stage(count % S), parity((count / S) & 1) {}
+  MB_DEV void advance() {
+    if (++stage == S) {
+      stage = 0;
+      parity ^= 1;
+    }
+  }
 };
 struct NoPipe {};
 
@@ -91,7 +109,7 @@ MB_DEV WsPipe<Cfg> make_ws_pipe() {
   }
   if constexpr (Cfg::CLUSTER > 1) cluster_sync();  // the partner's barriers exist before any remote arrive
   else __syncthreads();
-  return WsPipe<Cfg>{bars, 0};
+  return WsPipe<Cfg>{bars, smem_addr(bars), 0};
 }
 
 // The producer's part of one tile: issue the tile's k stages into free buffers and publish
@@ -101,6 +119,7 @@ template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, class ASrc, class BSrc>
 MB_DEV void ws_produce(const ASrc& a_src, const BSrc& b_src, int k_size, bf16_t* smem_raw, WsPipe<Cfg>& pipe) {
   constexpr int S = Cfg::STAGES;
   bf16_t* smem = align_1024(smem_raw);
+  const unsigned smem_at = smem_addr(smem);
   const int ptid = producer_tid<Cfg>();
   const int k_tiles = (k_size + Cfg::BK - 1) / Cfg::BK;
   const int base = pipe.it, end = base + k_tiles;  // the block's k steps of this tile: [base, end)
@@ -113,15 +132,20 @@ MB_DEV void ws_produce(const ASrc& a_src, const BSrc& b_src, int k_size, bf16_t*
   typename BLoad::type b_load(b_src, ptid);
   a_load.fetch(0);
   b_load.fetch(0);
+  // Stage s's operands: TMA ones by generic pointer (one thread), copies by shared-window address.
+  auto load_stage = [&](int s, int k0) {
+    bf16_t* stage = smem + s * Cfg::STAGE_ELEMS;
+    const unsigned stage_at = smem_at + 2u * static_cast<unsigned>(s * Cfg::STAGE_ELEMS);
+    load_operand<ALoad::kTma>(a_load, stage, stage_at, k0, pipe.full(s));
+    load_operand<BLoad::kTma>(b_load, stage + Cfg::A_ELEMS, stage_at + 2u * Cfg::A_ELEMS, k0, pipe.full(s));
+  };
   if constexpr (Cfg::DIRECT_ARRIVE) {
-    for (int issued = base; issued < end; ++issued) {
-      const int s = issued % S;
-      if (issued >= S) mbar_wait(pipe.empty(s), ((issued / S) & 1) ^ 1);
-      bf16_t* stage = smem + s * Cfg::STAGE_ELEMS;
+    StageCursor<S> c(base);
+    for (int issued = base; issued < end; ++issued, c.advance()) {
+      if (issued >= S) mbar_wait(pipe.empty_at(c.stage), c.parity ^ 1);
       const int k0 = (issued - base) * Cfg::BK;
-      load_operand<ALoad::kTma>(a_load, stage, k0, pipe.full(s));
-      load_operand<BLoad::kTma>(b_load, stage + Cfg::A_ELEMS, k0, pipe.full(s));
-      cp_async_arrive_noinc(pipe.full(s));
+      load_stage(c.stage, k0);
+      cp_async_arrive_noinc(pipe.full_at(c.stage));
       a_load.fetch(k0 + Cfg::BK);
       b_load.fetch(k0 + Cfg::BK);
     }
@@ -129,28 +153,27 @@ MB_DEV void ws_produce(const ASrc& a_src, const BSrc& b_src, int k_size, bf16_t*
     return;
   }
   int issued = base, published = base;
+  StageCursor<S> in(base), out(base);
   while (published < end) {
     if (issued < end) {
-      const int s = issued % S;
-      if (issued < S || mbar_test(pipe.empty(s), ((issued / S) & 1) ^ 1)) {
-        bf16_t* stage = smem + s * Cfg::STAGE_ELEMS;
+      if (issued < S || mbar_test(pipe.empty_at(in.stage), in.parity ^ 1)) {
         const int k0 = (issued - base) * Cfg::BK;
         // TMA bytes complete on full[s], which also waits for every producer thread's arrival
         // after landed[s] (the cp.async copies): the consumers see both operands.
-        load_operand<ALoad::kTma>(a_load, stage, k0, pipe.full(s));
-        load_operand<BLoad::kTma>(b_load, stage + Cfg::A_ELEMS, k0, pipe.full(s));
-        cp_async_arrive_noinc(pipe.landed(s));
+        load_stage(in.stage, k0);
+        cp_async_arrive_noinc(pipe.landed_at(in.stage));
         ++issued;
+        in.advance();
         a_load.fetch(k0 + Cfg::BK);
         b_load.fetch(k0 + Cfg::BK);
       }
     }
     if (published < issued) {
-      const int s = published % S;
-      if (mbar_test(pipe.landed(s), (published / S) & 1)) {
+      if (mbar_test(pipe.landed_at(out.stage), out.parity)) {
         fence_proxy_async_smem();
-        mbar_arrive(pipe.full(s));
+        mbar_arrive(pipe.full_at(out.stage));
         ++published;
+        out.advance();
       }
     }
   }
@@ -160,7 +183,7 @@ MB_DEV void ws_produce(const ASrc& a_src, const BSrc& b_src, int k_size, bf16_t*
 // A consumer warp hands a stage buffer back: to its own producer, and in a cluster pair also to
 // the partner's, whose multicast writes into this block's buffer too.
 template <class Cfg>
-MB_DEV void release_stage(mbar_t* empty) {
+MB_DEV void release_stage(unsigned empty) {
   mbar_arrive(empty);
   if constexpr (Cfg::CLUSTER == 2) mbar_arrive_cluster(empty, cluster_ctarank() ^ 1);
 }
@@ -173,7 +196,7 @@ template <class Cfg, bool A_KMAJOR, bool B_KMAJOR>
 MB_DEV void ws_consume(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], int k_size, bf16_t* smem_raw,
                        WsPipe<Cfg>& pipe) {
   constexpr int S = Cfg::STAGES;
-  bf16_t* smem = align_1024(smem_raw);
+  const unsigned smem_at = smem_addr(align_1024(smem_raw));
   const int k_tiles = (k_size + Cfg::BK - 1) / Cfg::BK;
   const int base = pipe.it, end = base + k_tiles;
   consumer_sync<Cfg>();
@@ -182,18 +205,20 @@ MB_DEV void ws_consume(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], int k_size, b
   // Ping-pong: the groups' mainloops take turns (the other group is in its epilogue meanwhile);
   // a group hands the turn over once it has issued its tile's last k step.
   if constexpr (Cfg::PINGPONG) bar_sync(kOrderBarrier + consumer_group<Cfg>(), 2 * Cfg::THREADS);
-  for (int it = base; it < end; ++it) {
-    const int s = it % S;
-    mbar_wait(pipe.full(s), (it / S) & 1);
+  StageCursor<S> c(base);
+  int previous = -1;  // the stage buffer of step it-1 within this tile
+  for (int it = base; it < end; ++it, c.advance()) {
+    mbar_wait(pipe.full_at(c.stage), c.parity);
     if constexpr (Cfg::DIRECT_ARRIVE) fence_proxy_async_smem();  // the producer's cp.async writes, for wgmma
-    issue_stage<Cfg, A_KMAJOR, B_KMAJOR>(acc, smem + s * Cfg::STAGE_ELEMS, warpgroup);
+    issue_stage<Cfg, A_KMAJOR, B_KMAJOR>(acc, smem_at + 2u * static_cast<unsigned>(c.stage * Cfg::STAGE_ELEMS), warpgroup);
     wgmma_wait<1>();  // the group of step it-1 has completed: hand its buffer back
-    if (it > base && lane == 0) release_stage<Cfg>(pipe.empty((it - 1) % S));
+    if (previous >= 0 && lane == 0) release_stage<Cfg>(pipe.empty_at(previous));
+    previous = c.stage;
   }
   if constexpr (Cfg::PINGPONG) bar_arrive(kOrderBarrier + (consumer_group<Cfg>() ^ 1), 2 * Cfg::THREADS);
   wgmma_wait<0>();
   fence_accumulators(acc);
-  if (end > base && lane == 0) release_stage<Cfg>(pipe.empty((end - 1) % S));
+  if (previous >= 0 && lane == 0) release_stage<Cfg>(pipe.empty_at(previous));
   pipe.it = end;
 }
 

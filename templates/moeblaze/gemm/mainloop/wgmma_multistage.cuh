@@ -30,12 +30,14 @@ namespace moeblaze::gemm {
 template <bool KMAJOR, int BK>
 struct Operand {
   // K-major: `first_row` rows down a [rows][64] tile. MN-major: `first_col` columns right in
-  // a blocked [BK][cols] tile (a multiple of 64).
-  static MB_DEV unsigned long long desc(const bf16_t* tile, int first) {
-    if constexpr (KMAJOR) return sw128_desc(tile + first * 64);
-    else return sw128_desc(tile + (first / 64) * BK * 64, BK * 128);
+  // a blocked [BK][cols] tile (a multiple of 64). `tile`: its shared-window address. Returns
+  // the descriptor's lower half (sw128_desc_lo); a k16 step adds k16_lo to it, so the stage's
+  // descriptors are one 32-bit add each (a 64-bit descriptor add cost two vector instructions).
+  static MB_DEV unsigned desc_lo(unsigned tile, int first) {
+    if constexpr (KMAJOR) return sw128_desc_lo(tile + 2u * static_cast<unsigned>(first * 64));
+    else return sw128_desc_lo(tile + 2u * static_cast<unsigned>((first / 64) * BK * 64), BK * 128);
   }
-  static constexpr unsigned long long k16_step = KMAJOR ? 32 / 16 : 16 * 128 / 16;
+  static constexpr unsigned k16_lo = KMAJOR ? 32 / 16 : 16 * 128 / 16;
 };
 
 // One stage of a warpgroup's tile: BK/16 k16 steps on the stage's shared-memory tiles,
@@ -47,8 +49,9 @@ struct Operand {
 // (shared-memory bandwidth bounds these tiles; measured -10% on gate_up, docs/performance.md).
 // A warpgroup that owns MT > 1 m64 slabs (ping-pong tiles) issues one instruction per slab; the
 // fused stacked-B instruction then takes its two halves from acc[0][mt] and acc[1][mt] (mma2).
+// `stage`: the stage's shared-window address (smem_addr).
 template <class Cfg, bool A_KMAJOR, bool B_KMAJOR>
-MB_DEV void issue_stage(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const bf16_t* stage, int warpgroup) {
+MB_DEV void issue_stage(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], unsigned stage, int warpgroup) {
   using OpA = Operand<A_KMAJOR, Cfg::BK>;
   using OpB = Operand<B_KMAJOR, Cfg::BK>;
   using Instr = Wgmma<(B_KMAJOR && Cfg::NB > 1 && Cfg::NB * Cfg::BN <= 256 ? Cfg::NB * Cfg::BN : Cfg::BN),
@@ -57,9 +60,11 @@ MB_DEV void issue_stage(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const bf16_t
   constexpr int INSTR_N = FUSE_NB ? Cfg::NB * Cfg::BN : Cfg::BN;  // columns per instruction
   constexpr int INSTRS = FUSE_NB ? 1 : Cfg::NB;                   // instructions per k16 step
   constexpr int ACC = INSTR_N / 2;
-  unsigned long long a_desc[Cfg::MT];
-#pragma unroll
-  for (int mt = 0; mt < Cfg::MT; ++mt) a_desc[mt] = OpA::desc(stage, (warpgroup * Cfg::MT + mt) * 64);
+  const unsigned a_lo = OpA::desc_lo(stage, warpgroup * Cfg::MT * 64);
+  const unsigned b_lo = OpB::desc_lo(stage + 2u * Cfg::A_ELEMS, 0);
+  // Offsets from those bases, in descriptor units: slab mt of A, B tile nb.
+  constexpr unsigned A_SLAB = A_KMAJOR ? 64 * 64 * 2 / 16 : Cfg::BK * 64 * 2 / 16;
+  constexpr unsigned B_TILE = B_KMAJOR ? Cfg::BN * 64 * 2 / 16 : (Cfg::BN / 64) * Cfg::BK * 64 * 2 / 16;
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::BK / 16; ++kk)
@@ -67,15 +72,14 @@ MB_DEV void issue_stage(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const bf16_t
     for (int mt = 0; mt < Cfg::MT; ++mt)
 #pragma unroll
       for (int nb = 0; nb < INSTRS; ++nb) {
-        const unsigned long long b_desc = OpB::desc(stage + Cfg::A_ELEMS, nb * Cfg::BN);
+        const unsigned long long a_desc = sw128_desc_from_lo(a_lo + mt * A_SLAB + kk * OpA::k16_lo);
+        const unsigned long long b_desc = sw128_desc_from_lo(b_lo + nb * B_TILE + kk * OpB::k16_lo);
         if constexpr (FUSE_NB && Cfg::MT > 1) {
           static_assert(Cfg::NB == 2, "a fused instruction of two stacked B tiles");
           Instr::mma2(*reinterpret_cast<float(*)[ACC / 2]>(&acc[0][mt][0][0]),
-                      *reinterpret_cast<float(*)[ACC / 2]>(&acc[1][mt][0][0]), a_desc[mt] + OpA::k16_step * kk,
-                      b_desc + OpB::k16_step * kk, 1);
+                      *reinterpret_cast<float(*)[ACC / 2]>(&acc[1][mt][0][0]), a_desc, b_desc, 1);
         } else {
-          Instr::mma(*reinterpret_cast<float(*)[ACC]>(&acc[nb][mt][0][0]), a_desc[mt] + OpA::k16_step * kk,
-                     b_desc + OpB::k16_step * kk, 1);
+          Instr::mma(*reinterpret_cast<float(*)[ACC]>(&acc[nb][mt][0][0]), a_desc, b_desc, 1);
         }
       }
   wgmma_commit();
@@ -123,8 +127,7 @@ MB_DEV void wgmma_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASr
       b_load.fetch((next + 1) * Cfg::BK);
     }
     cp_async_commit();
-    const bf16_t* stage = smem + (kt % Cfg::STAGES) * Cfg::STAGE_ELEMS;
-    issue_stage<Cfg, A_KMAJOR, B_KMAJOR>(acc, stage, warpgroup);
+    issue_stage<Cfg, A_KMAJOR, B_KMAJOR>(acc, smem_addr(smem + (kt % Cfg::STAGES) * Cfg::STAGE_ELEMS), warpgroup);
     wgmma_wait<0>();
   }
   cp_async_wait<0>();
