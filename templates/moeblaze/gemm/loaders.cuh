@@ -13,7 +13,13 @@ namespace moeblaze::gemm {
 // !KMAJOR: rows are k and move, the column window is fixed.
 // BLOCKED: columns stored in 64-wide blocks (swizzle_blocked; the wgmma MN-major layout);
 // for 64-column tiles both layouts are the same.
-template <int ROWS, int COLS, int THREADS, bool KMAJOR, class Src, bool BLOCKED = false>
+// READ_MISSING (K-major): a row past the source's end reads the tile's first row instead of
+// zeros, so a stage inside the k range copies with no predicate at all, three instructions a
+// copy as in QuACK's gather. For operands whose rows are output rows never summed over, whose
+// epilogue stores only the rows that exist, and whose tiles are mostly whole: the
+// warp-specialised producers' gathered slots. Elsewhere a missing row is zero-filled and read
+// nothing (the router's few experts read as rows cost its logits 1.5x on mixtral-8x7b).
+template <int ROWS, int COLS, int THREADS, bool KMAJOR, class Src, bool BLOCKED = false, bool READ_MISSING = false>
 struct TileLoader {
   static constexpr int CHUNKS_PER_ROW = COLS / 8;
   static constexpr int CHUNKS = ROWS * CHUNKS_PER_ROW;
@@ -24,27 +30,27 @@ struct TileLoader {
 
   // K-major rows keep their pointers, this thread's column included (one index load per tile,
   // not per stage). Recomputing never-gathered rows per stage instead measured more producer
-  // spills, not fewer. A row past the source's end reads the tile's first row instead of
-  // zeros: K-major rows are output rows (slots, tokens, output columns), never summed over, and
-  // every epilogue stores only the rows and columns that exist; so a stage inside the k range
-  // loads with no predicate at all, two instructions a copy, as QuACK's gather does. A tile
-  // with no row at all (a cluster pair's empty half) keeps zero-filled copies that read nothing.
+  // spills, not fewer. A missing row: nullptr, or with READ_MISSING the tile's first row (a
+  // tile with no row at all, a cluster pair's empty half, zero-fills: any_row).
   const Src& src;
   int row0, col;                           // this thread's first row and its column
-  bool any_row;                            // K-major: the tile has a row 0
+  bool any_row;                            // READ_MISSING: the tile has a row 0
   const bf16_t* rows[KMAJOR ? PER_THREAD : 1];
 
   MB_DEV TileLoader(const Src& s, int tid) : src(s) {
     row0 = tid / CHUNKS_PER_ROW;
     col = (tid % CHUNKS_PER_ROW) * 8;
     if constexpr (KMAJOR) {
-      const bf16_t* first = src.row(0);
-      any_row = first != nullptr;
-      if (!any_row) first = src.fallback();
+      const bf16_t* first = nullptr;
+      if constexpr (READ_MISSING) {
+        first = src.row(0);
+        any_row = first != nullptr;
+        if (!any_row) first = src.fallback();
+      }
 #pragma unroll
       for (int i = 0; i < PER_THREAD; ++i) {
         const bf16_t* p = src.row(row0 + i * ROW_STEP);
-        rows[i] = (p != nullptr ? p : first) + col;
+        rows[i] = p != nullptr ? p + col : READ_MISSING ? first + col : nullptr;
       }
     }
   }
@@ -54,16 +60,21 @@ struct TileLoader {
   // The same into the stage at shared-window address `smem`.
   MB_DEV void load(unsigned smem, int k0) const {
     auto at = [&](int r) { return smem + 2u * static_cast<unsigned>(BLOCKED ? swizzle_blocked<ROWS>(r, col) : swizzle<COLS>(r, col)); };
-    if constexpr (KMAJOR) {
+    if constexpr (KMAJOR && READ_MISSING) {
       if (any_row && k0 + COLS <= src.limit) {  // every chunk of the stage exists
 #pragma unroll
         for (int i = 0; i < PER_THREAD; ++i) cp_async16(at(row0 + i * ROW_STEP), rows[i] + k0);
       } else {
+        const bool ok = any_row && k0 + col < src.limit;
 #pragma unroll
-        for (int i = 0; i < PER_THREAD; ++i) {
-          const bool ok = any_row && k0 + col < src.limit;
-          cp_async16(at(row0 + i * ROW_STEP), ok ? rows[i] + k0 : src.fallback(), ok);
-        }
+        for (int i = 0; i < PER_THREAD; ++i) cp_async16(at(row0 + i * ROW_STEP), ok ? rows[i] + k0 : src.fallback(), ok);
+      }
+      return;
+    } else if constexpr (KMAJOR) {
+#pragma unroll
+      for (int i = 0; i < PER_THREAD; ++i) {
+        const bool ok = rows[i] != nullptr && k0 + col < src.limit;
+        cp_async16(at(row0 + i * ROW_STEP), ok ? rows[i] + k0 : src.fallback(), ok);
       }
       return;
     }
@@ -138,18 +149,18 @@ struct MnMajorLoader {
 // The loader of one wgmma operand, stages issued in order: K-major operands keep their rows
 // (TileLoader caches the row pointers once); MN-major ones read the row keys of the next stage
 // (fetch) right after issuing a stage.
-template <int ROWS, int COLS, int THREADS, bool KMAJOR, class Src>
+template <int ROWS, int COLS, int THREADS, bool KMAJOR, class Src, bool READ_MISSING = false>
 struct StageLoader;
-template <int ROWS, int COLS, int THREADS, class Src>
-struct StageLoader<ROWS, COLS, THREADS, true, Src> {
-  TileLoader<ROWS, COLS, THREADS, true, Src, true> loader;
+template <int ROWS, int COLS, int THREADS, class Src, bool READ_MISSING>
+struct StageLoader<ROWS, COLS, THREADS, true, Src, READ_MISSING> {
+  TileLoader<ROWS, COLS, THREADS, true, Src, true, READ_MISSING> loader;
   MB_DEV StageLoader(const Src& s, int tid) : loader(s, tid) {}
   MB_DEV void fetch(int) {}
   MB_DEV void load(bf16_t* smem, int k0) const { loader.load(smem, k0); }
   MB_DEV void load(unsigned smem, int k0) const { loader.load(smem, k0); }
 };
-template <int ROWS, int COLS, int THREADS, class Src>
-struct StageLoader<ROWS, COLS, THREADS, false, Src> {
+template <int ROWS, int COLS, int THREADS, class Src, bool READ_MISSING>
+struct StageLoader<ROWS, COLS, THREADS, false, Src, READ_MISSING> {
   // Sources that never gather (TwoPartRows) keep the plain per-stage path: the key split
   // measured 20-25% slower on gate_up_dgrad (docs/performance.md "Decisions").
   static constexpr bool PREFETCH = Src::kMayGather;

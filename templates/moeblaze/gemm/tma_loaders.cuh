@@ -144,26 +144,27 @@ struct TmaMnWeightLoader {
 // The loader of one operand of a warp-specialised stage: TMA for TmaRows (K-major) and
 // TmaMnRows (MN-major) sources, the cp.async StageLoader otherwise.
 // CLUSTER: blocks of a cluster that share this operand's stages (TMA multicast; B operands).
-template <int ROWS, int COLS, int THREADS, bool KMAJOR, class Src, int CLUSTER = 1>
+// READ_MISSING: the cp.async loader's K-major missing rows (TileLoader), for the gathered A.
+template <int ROWS, int COLS, int THREADS, bool KMAJOR, class Src, int CLUSTER = 1, bool READ_MISSING = false>
 struct LoaderFor {
   static_assert(CLUSTER == 1, "only TMA operands are shared by a cluster");
-  using type = StageLoader<ROWS, COLS, THREADS, KMAJOR, Src>;
+  using type = StageLoader<ROWS, COLS, THREADS, KMAJOR, Src, READ_MISSING>;
   static constexpr bool kTma = false;
 };
-template <int ROWS, int COLS, int THREADS, int P, int CLUSTER>
-struct LoaderFor<ROWS, COLS, THREADS, true, TmaRows<P>, CLUSTER> {
+template <int ROWS, int COLS, int THREADS, int P, int CLUSTER, bool R>
+struct LoaderFor<ROWS, COLS, THREADS, true, TmaRows<P>, CLUSTER, R> {
   using type = TmaStageLoader<ROWS / P, P, CLUSTER>;
   static constexpr bool kTma = true;
 };
-template <int ROWS, int COLS, int THREADS, class F, int CLUSTER>
-struct LoaderFor<ROWS, COLS, THREADS, false, TmaMnRows<F>, CLUSTER> {
+template <int ROWS, int COLS, int THREADS, class F, int CLUSTER, bool R>
+struct LoaderFor<ROWS, COLS, THREADS, false, TmaMnRows<F>, CLUSTER, R> {
   static_assert(CLUSTER == 1, "an expert's contiguous rows are not shared by a cluster");
   using type = TmaMnStageLoader<ROWS, COLS, THREADS, F>;
   static constexpr bool kTma = true;
 };
 
-template <int ROWS, int COLS, int THREADS, int P, int CLUSTER>
-struct LoaderFor<ROWS, COLS, THREADS, false, TmaMnWeights<P>, CLUSTER> {
+template <int ROWS, int COLS, int THREADS, int P, int CLUSTER, bool R>
+struct LoaderFor<ROWS, COLS, THREADS, false, TmaMnWeights<P>, CLUSTER, R> {
   using type = TmaMnWeightLoader<ROWS, COLS, P, CLUSTER>;
   static constexpr bool kTma = true;
 };
