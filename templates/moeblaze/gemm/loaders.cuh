@@ -61,14 +61,11 @@ struct TileLoader {
   MB_DEV void load(unsigned smem, int k0) const {
     auto at = [&](int r) { return smem + 2u * static_cast<unsigned>(BLOCKED ? swizzle_blocked<ROWS>(r, col) : swizzle<COLS>(r, col)); };
     if constexpr (KMAJOR && READ_MISSING) {
-      if (any_row && k0 + COLS <= src.limit) {  // every chunk of the stage exists
+      // One predicate for all of this thread's copies (its column inside k, the tile not
+      // empty); a false one zero-fills and reads nothing, so the address needs no select.
+      const bool ok = any_row && k0 + col < src.limit;
 #pragma unroll
-        for (int i = 0; i < PER_THREAD; ++i) cp_async16(at(row0 + i * ROW_STEP), rows[i] + k0);
-      } else {
-        const bool ok = any_row && k0 + col < src.limit;
-#pragma unroll
-        for (int i = 0; i < PER_THREAD; ++i) cp_async16(at(row0 + i * ROW_STEP), ok ? rows[i] + k0 : src.fallback(), ok);
-      }
+      for (int i = 0; i < PER_THREAD; ++i) cp_async16(at(row0 + i * ROW_STEP), rows[i] + k0, ok);
       return;
     } else if constexpr (KMAJOR) {
 #pragma unroll
