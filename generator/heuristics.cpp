@@ -173,7 +173,8 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
         //   17.874 / 8.957 -> 17.726 / 9.083, with _directarrive on both), but adds an fp32 main
         //   gradient from registers, where _tmastore reduce-adds it by TMA in 64-row slabs: on
         //   deepseek-v3 the register path made the fp32-accumulating step 151.7 ms against 91.0.
-        //   So these layers keep _tmastore until _tmastore64 has an fp32 TMA path.
+        //   _tmastore64 now reduce-adds fp32 by TMA too ([64][64] chunks); until its fp32 step is
+        //   measured (docs/performance.md, Open lead 5) these layers keep _tmastore.
         // - Many (mixtral-8x7b, 4096): _tmastore64, which keeps the fourth stage beside 64-column
         //   staging: 16.620 / 7.572 (4-stage register stores) -> 14.062 / 6.568; the whole-tile
         //   staging had lost there (16.14 / 7.43 -> 17.11 / 7.69). fp32 main gradients take the
