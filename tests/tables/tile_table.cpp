@@ -199,6 +199,7 @@ const TileKind kClusterPair = from_defaults("cluster-pair", "slot-tiled GEMMs: t
                                               t.tma_contiguous = true;
                                               if (t.mainloop == Mainloop::warp_specialized) t.mainloop = Mainloop::persistent;
                                               t.cluster_m = 2;
+                                              t.direct_arrive = false;  // pairs run the polling producer
                                               return true;
                                             });
 // 256-row warp-specialised tiles: two consumer warpgroups of 128 rows (two m64 slabs) each, the
