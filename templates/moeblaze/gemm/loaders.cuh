@@ -14,8 +14,8 @@ namespace moeblaze::gemm {
 // BLOCKED: columns stored in 64-wide blocks (swizzle_blocked; the wgmma MN-major layout);
 // for 64-column tiles both layouts are the same.
 // READ_MISSING (K-major): a row past the source's end reads the tile's first row instead of
-// zeros, so a stage inside the k range copies with no predicate at all, three instructions a
-// copy as in QuACK's gather. For operands whose rows are output rows never summed over, whose
+// zeros, so all of a thread's copies share one predicate (its column inside k), three
+// instructions a copy as in QuACK's gather. For operands whose rows are output rows never summed over, whose
 // epilogue stores only the rows that exist, and whose tiles are mostly whole: the
 // warp-specialised producers' gathered slots. Elsewhere a missing row is zero-filled and read
 // nothing (the router's few experts read as rows cost its logits 1.5x on mixtral-8x7b).
