@@ -24,7 +24,7 @@ MB_DEV void cluster_sync() {
 
 MB_DEV void fence_mbarrier_init_cluster() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
-// Arrives on the mbarrier at `bar`'s offset in the shared memory of cluster block `cta`, with the
+// Arrives on the mbarrier at shared-window address `bar` as placed in cluster block `cta`, with the
 // instruction's default semantics (release at CTA scope), as CUTLASS's ClusterBarrier::arrive.
 // A consumer hands a stage back this way once the wgmma that read it has completed, so the
 // partner's TMA writes into the buffer need no further ordering. `.release.cluster` compiled to
@@ -37,7 +37,6 @@ MB_DEV void mbar_arrive_cluster(unsigned bar, unsigned cta) {
       "r"(cta)
       : "memory");
 }
-MB_DEV void mbar_arrive_cluster(mbar_t* bar, unsigned cta) { mbar_arrive_cluster(smem_addr(bar), cta); }
 
 // Box at (k, row) of a 2-D tensor map into `smem` of every cluster block in `cta_mask` (bit i:
 // block i), each completing the box's bytes on its own mbarrier at `bar`'s offset.

@@ -14,10 +14,6 @@ MB_DEV unsigned smem_addr(const void* p) {
 MB_DEV void cp_async16(unsigned smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(valid ? 16 : 0));
 }
-// A copy whose 16 source bytes are known to exist: no zero-fill operand to compute.
-MB_DEV void cp_async16(unsigned smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem));
-}
 MB_DEV void cp_async16(void* smem, const void* gmem, bool valid) { cp_async16(smem_addr(smem), gmem, valid); }
 MB_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>

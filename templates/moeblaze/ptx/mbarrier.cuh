@@ -15,12 +15,13 @@ MB_DEV void mbar_expect_tx(mbar_t* bar, unsigned bytes) {
                : "memory");
 }
 
-// The operations below also take the barrier as a shared-window address (smem_addr), which a
-// pipeline computes once for all its barriers instead of converting a pointer at every use.
-
 MB_DEV void mbar_init(mbar_t* bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
+
+// The pipeline's operations below take the barrier as a shared-window address (smem_addr),
+// which a pipeline computes once for all its barriers instead of converting a pointer at every use.
+
 // Whether the phase of the given parity has completed (non-blocking).
 MB_DEV bool mbar_test(unsigned bar, unsigned parity) {
   unsigned done;
@@ -31,23 +32,19 @@ MB_DEV bool mbar_test(unsigned bar, unsigned parity) {
       : "memory");
   return done != 0;
 }
-MB_DEV bool mbar_test(mbar_t* bar, unsigned parity) { return mbar_test(smem_addr(bar), parity); }
 MB_DEV void mbar_wait(unsigned bar, unsigned parity) {
   asm volatile(
       "{\n.reg .pred p;\nMB_WAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra MB_WAIT_%=;\n}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
 }
-MB_DEV void mbar_wait(mbar_t* bar, unsigned parity) { mbar_wait(smem_addr(bar), parity); }
 MB_DEV void mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-MB_DEV void mbar_arrive(mbar_t* bar) { mbar_arrive(smem_addr(bar)); }
 // Arrives on `bar` when every cp.async this thread issued so far has completed; counts as one
 // of the arrivals the barrier was initialised with.
 MB_DEV void cp_async_arrive_noinc(unsigned bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-MB_DEV void cp_async_arrive_noinc(mbar_t* bar) { cp_async_arrive_noinc(smem_addr(bar)); }
 
 }  // namespace moeblaze::gemm

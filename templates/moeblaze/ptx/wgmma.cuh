@@ -21,12 +21,6 @@ MB_DEV unsigned long long sw128_desc_from_lo(unsigned lo) {
   constexpr unsigned hi = (1024u >> 4) | (1u << 30);
   return (static_cast<unsigned long long>(hi) << 32) | lo;
 }
-MB_DEV unsigned long long sw128_desc(unsigned smem, unsigned leading_bytes = 16) {
-  return sw128_desc_from_lo(sw128_desc_lo(smem, leading_bytes));
-}
-MB_DEV unsigned long long sw128_desc(const void* smem, unsigned leading_bytes = 16) {
-  return sw128_desc(smem_addr(smem), leading_bytes);
-}
 
 MB_DEV void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 MB_DEV void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
