@@ -295,8 +295,13 @@ TEST_CASE("tuner: gate_up is the 128 x (2 x 96) ping-pong tile where n is a mult
     CHECK(pingpong96 == (p.name == "qwen3-30b-a3b" || p.name == "gpt-oss-20b"));  // 768 = 8 x 96, 2880 = 30 x 96
     const bool fill160 = !pingpong96 && n % 128 != 0 && n % 160 == 0 && within_d;
     CHECK_FALSE(fill160);  // gpt-oss-20b's 2880 = 18 x 160 takes the ping-pong tile first
+    // deepseek-v3's experts' weights stream through L2 (weights_stream): the cooperative tile as
+    // a cluster pair sharing the weight stages
+    const bool stream = weights_stream(p.layer, 0);
+    CHECK(stream == (p.name == "deepseek-v3"));
     const TileConfig up = default_tile(KernelFamily::gate_up, p.layer, Arch::sm_90a);
     CHECK(up.to_string() == (pingpong96 ? "128x96x64_w4x1_s5_pingpong_tmacontig_directarrive"
+                             : stream   ? "128x128x64_w8x1_s4_persist_tmacontig_cluster2x1"
                                         : "128x128x64_w8x1_s4_persist_tmacontig"));
     const auto c = tile_candidates(KernelFamily::gate_up, p.layer, Arch::sm_90a, 8);
     auto listed = [&](const char* tile) {
@@ -345,7 +350,9 @@ TEST_CASE("tuner: the TMA-store families default to _tmastore64, the few-slot we
     INFO(p);
     TileConfig up = default_tile(KernelFamily::gate_up, l, Arch::sm_90a);
     CHECK(up.direct_arrive == up.pingpong());
-    up.direct_arrive = true;
+    // a cluster pair's producer polls (deepseek-v3's pair): the single block a candidate
+    if (up.cluster_m > 1) up.cluster_m = 1;
+    else up.direct_arrive = true;
     const auto c = tile_candidates(KernelFamily::gate_up, l, Arch::sm_90a, 16);
     CHECK(std::find(c.begin(), c.end(), up) != c.end());
   }
@@ -373,6 +380,14 @@ TEST_CASE("tuner: with the step's tokens known, the weight gradients' default fo
   CHECK(few_slots_per_expert(mixtral, 8192));       // 2048
   CHECK_FALSE(few_slots_per_expert(mixtral, 0));    // unknown T: E / K = 4
   CHECK(few_slots_per_expert(olmoe, 0));            // unknown T: E / K = 8
+  // weights_stream: an expert's gate/up weights over 40 MiB and at most 1024 slots an expert
+  const LayerConfig deepseek = find_preset("deepseek-v3").layer;  // E = 256, K = 8, 56 MiB an expert
+  CHECK(weights_stream(deepseek, 32768));                           // 1024 slots per expert
+  CHECK_FALSE(weights_stream(deepseek, 32769));
+  CHECK(weights_stream(deepseek, 0));                               // unknown T: E / K = 32
+  CHECK(weights_stream(mixtral, 4096));                             // 1024 slots, 224 MiB an expert
+  CHECK_FALSE(weights_stream(mixtral, 0));                          // unknown T: E / K = 4
+  CHECK_FALSE(weights_stream(find_preset("qwen3-next-80b").layer, 0));  // 4 MiB an expert
   for (KernelFamily f : {KernelFamily::gate_up_wgrad, KernelFamily::down_wgrad}) {
     INFO(to_string(f));
     CHECK(default_tile(f, olmoe, Arch::sm_90a, 32768).to_string() == "128x256x64_w8x1_s4_persist_tmacontig_tmastore64_directarrive");
@@ -391,9 +406,11 @@ TEST_CASE("tuner: with the step's tokens known, the weight gradients' default fo
 
 TEST_CASE("tuner: down_dgrad defaults to the persistent 128x256 tile where its reduction (d) is long") {
   // d = 4096, 2880, 7168, 2048, 2048, 2048
+  // (deepseek-v3, whose experts' weights stream through L2, with M-tiles outer: _altorder)
   for (const char* p : {"mixtral-8x7b", "gpt-oss-20b", "deepseek-v3", "qwen3-30b-a3b", "olmoe-1b-7b", "qwen3-next-80b"})
     CHECK_MESSAGE(default_tile(KernelFamily::down_dgrad, find_preset(p).layer, Arch::sm_90a).to_string() ==
-                      "128x256x64_w8x1_s4_persist_tmacontig_directarrive",
+                      (std::string(p) == "deepseek-v3" ? "128x256x64_w8x1_s4_persist_tmacontig_altorder_directarrive"
+                                                       : "128x256x64_w8x1_s4_persist_tmacontig_directarrive"),
                   p);
   // a short reduction (d = 1024: 16 k-steps) keeps the two-blocks-per-SM tile
   LayerConfig short_d = find_preset("qwen3-30b-a3b").layer;

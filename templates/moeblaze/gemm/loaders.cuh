@@ -13,13 +13,16 @@ namespace moeblaze::gemm {
 // !KMAJOR: rows are k and move, the column window is fixed.
 // BLOCKED: columns stored in 64-wide blocks (swizzle_blocked; the wgmma MN-major layout);
 // for 64-column tiles both layouts are the same.
-// READ_MISSING (K-major): a row past the source's end reads the tile's first row instead of
-// zeros, so all of a thread's copies share one predicate (its column inside k), three
-// instructions a copy as in QuACK's gather. For operands whose rows are output rows never summed over, whose
-// epilogue stores only the rows that exist, and whose tiles are mostly whole: the
-// warp-specialised producers' gathered slots. Elsewhere a missing row is zero-filled and read
-// nothing (the router's few experts read as rows cost its logits 1.5x on mixtral-8x7b).
-template <int ROWS, int COLS, int THREADS, bool KMAJOR, class Src, bool BLOCKED = false, bool READ_MISSING = false>
+// PREFIX_ROWS (K-major): the rows that exist are a prefix of each thread's rows (a tile's
+// slots), so a thread keeps their count and a missing row's pointer is a real one (never read):
+// every copy is its row pointer plus k under one predicate, its column inside k and i < count,
+// with no address select (QuACK's gather, 4 instructions a copy). A missing row is zero-filled
+// and read nothing. The warp-specialised producers' gathered slots take it. (Reading a real row
+// for a missing one, which drops the count compare, put up to 127 readers of the tile's first
+// row on one L2 line: deepseek-v3's gate_up 1.26x and down_dgrad 1.19x slower, its experts' last
+// tiles about half empty over 112 k-steps. Spreading those reads over the thread's own rows
+// still cost deepseek-v3's gate_up 4% and qwen3-30b-a3b's 8% against the zero fill.)
+template <int ROWS, int COLS, int THREADS, bool KMAJOR, class Src, bool BLOCKED = false, bool PREFIX_ROWS = false>
 struct TileLoader {
   static constexpr int CHUNKS_PER_ROW = COLS / 8;
   static constexpr int CHUNKS = ROWS * CHUNKS_PER_ROW;
@@ -30,27 +33,26 @@ struct TileLoader {
 
   // K-major rows keep their pointers, this thread's column included (one index load per tile,
   // not per stage). Recomputing never-gathered rows per stage instead measured more producer
-  // spills, not fewer. A missing row: nullptr, or with READ_MISSING the tile's first row (a
-  // tile with no row at all, a cluster pair's empty half, zero-fills: any_row).
+  // spills, not fewer. A missing row: nullptr, or with PREFIX_ROWS the source's fallback row.
   const Src& src;
   int row0, col;                           // this thread's first row and its column
-  bool any_row;                            // READ_MISSING: the tile has a row 0
+  int exist;                               // PREFIX_ROWS: this thread's rows up to its last that exists
   const bf16_t* rows[KMAJOR ? PER_THREAD : 1];
 
   MB_DEV TileLoader(const Src& s, int tid) : src(s) {
     row0 = tid / CHUNKS_PER_ROW;
     col = (tid % CHUNKS_PER_ROW) * 8;
     if constexpr (KMAJOR) {
-      const bf16_t* first = nullptr;
-      if constexpr (READ_MISSING) {
-        first = src.row(0);
-        any_row = first != nullptr;
-        if (!any_row) first = src.fallback();
-      }
+      exist = 0;
 #pragma unroll
       for (int i = 0; i < PER_THREAD; ++i) {
         const bf16_t* p = src.row(row0 + i * ROW_STEP);
-        rows[i] = p != nullptr ? p + col : READ_MISSING ? first + col : nullptr;
+        if constexpr (PREFIX_ROWS) {
+          rows[i] = (p != nullptr ? p : src.fallback()) + col;
+          if (p != nullptr) exist = i + 1;
+        } else {
+          rows[i] = p != nullptr ? p + col : nullptr;
+        }
       }
     }
   }
@@ -60,12 +62,12 @@ struct TileLoader {
   // The same into the stage at shared-window address `smem`.
   MB_DEV void load(unsigned smem, int k0) const {
     auto at = [&](int r) { return smem + 2u * static_cast<unsigned>(BLOCKED ? swizzle_blocked<ROWS>(r, col) : swizzle<COLS>(r, col)); };
-    if constexpr (KMAJOR && READ_MISSING) {
-      // One predicate for all of this thread's copies (its column inside k, the tile not
-      // empty); a false one zero-fills and reads nothing, so the address needs no select.
-      const bool ok = any_row && k0 + col < src.limit;
+    if constexpr (KMAJOR && PREFIX_ROWS) {
+      // The column inside k, once a stage, and the row's index against the count; a false
+      // predicate zero-fills and reads nothing, so the address needs no select.
+      const bool ok = k0 + col < src.limit;
 #pragma unroll
-      for (int i = 0; i < PER_THREAD; ++i) cp_async16(at(row0 + i * ROW_STEP), rows[i] + k0, ok);
+      for (int i = 0; i < PER_THREAD; ++i) cp_async16(at(row0 + i * ROW_STEP), rows[i] + k0, ok && i < exist);
       return;
     } else if constexpr (KMAJOR) {
 #pragma unroll
@@ -146,18 +148,18 @@ struct MnMajorLoader {
 // The loader of one wgmma operand, stages issued in order: K-major operands keep their rows
 // (TileLoader caches the row pointers once); MN-major ones read the row keys of the next stage
 // (fetch) right after issuing a stage.
-template <int ROWS, int COLS, int THREADS, bool KMAJOR, class Src, bool READ_MISSING = false>
+template <int ROWS, int COLS, int THREADS, bool KMAJOR, class Src, bool PREFIX_ROWS = false>
 struct StageLoader;
-template <int ROWS, int COLS, int THREADS, class Src, bool READ_MISSING>
-struct StageLoader<ROWS, COLS, THREADS, true, Src, READ_MISSING> {
-  TileLoader<ROWS, COLS, THREADS, true, Src, true, READ_MISSING> loader;
+template <int ROWS, int COLS, int THREADS, class Src, bool PREFIX_ROWS>
+struct StageLoader<ROWS, COLS, THREADS, true, Src, PREFIX_ROWS> {
+  TileLoader<ROWS, COLS, THREADS, true, Src, true, PREFIX_ROWS> loader;
   MB_DEV StageLoader(const Src& s, int tid) : loader(s, tid) {}
   MB_DEV void fetch(int) {}
   MB_DEV void load(bf16_t* smem, int k0) const { loader.load(smem, k0); }
   MB_DEV void load(unsigned smem, int k0) const { loader.load(smem, k0); }
 };
-template <int ROWS, int COLS, int THREADS, class Src, bool READ_MISSING>
-struct StageLoader<ROWS, COLS, THREADS, false, Src, READ_MISSING> {
+template <int ROWS, int COLS, int THREADS, class Src, bool PREFIX_ROWS>
+struct StageLoader<ROWS, COLS, THREADS, false, Src, PREFIX_ROWS> {
   // Sources that never gather (TwoPartRows) keep the plain per-stage path: the key split
   // measured 20-25% slower on gate_up_dgrad (docs/performance.md "Decisions").
   static constexpr bool PREFETCH = Src::kMayGather;

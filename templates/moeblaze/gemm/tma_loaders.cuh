@@ -144,11 +144,11 @@ struct TmaMnWeightLoader {
 // The loader of one operand of a warp-specialised stage: TMA for TmaRows (K-major) and
 // TmaMnRows (MN-major) sources, the cp.async StageLoader otherwise.
 // CLUSTER: blocks of a cluster that share this operand's stages (TMA multicast; B operands).
-// READ_MISSING: the cp.async loader's K-major missing rows (TileLoader), for the gathered A.
-template <int ROWS, int COLS, int THREADS, bool KMAJOR, class Src, int CLUSTER = 1, bool READ_MISSING = false>
+// PREFIX_ROWS: the cp.async loader's K-major rows exist as a prefix (TileLoader), for the gathered A.
+template <int ROWS, int COLS, int THREADS, bool KMAJOR, class Src, int CLUSTER = 1, bool PREFIX_ROWS = false>
 struct LoaderFor {
   static_assert(CLUSTER == 1, "only TMA operands are shared by a cluster");
-  using type = StageLoader<ROWS, COLS, THREADS, KMAJOR, Src, READ_MISSING>;
+  using type = StageLoader<ROWS, COLS, THREADS, KMAJOR, Src, PREFIX_ROWS>;
   static constexpr bool kTma = false;
 };
 template <int ROWS, int COLS, int THREADS, int P, int CLUSTER, bool R>

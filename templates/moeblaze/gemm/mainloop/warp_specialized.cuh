@@ -126,7 +126,7 @@ MB_DEV void ws_produce(const ASrc& a_src, const BSrc& b_src, int k_size, bf16_t*
   constexpr int A_ROWS = A_KMAJOR ? Cfg::BM : Cfg::BK, A_COLS = A_KMAJOR ? Cfg::BK : Cfg::BM;
   constexpr int B_ROWS = B_KMAJOR ? Cfg::NB * Cfg::BN : Cfg::BK, B_COLS = B_KMAJOR ? Cfg::BK : Cfg::BN;
   // Each operand by TMA (TmaRows / TmaMnRows sources) or by the producer's cp.async copies.
-  // A's rows are a tile's output rows (slots): missing ones are read, not zero-filled (TileLoader).
+  // A's rows are a tile's slots, those that exist a prefix: one compare a copy (TileLoader).
   using ALoad = LoaderFor<A_ROWS, A_COLS, Cfg::PRODUCER_THREADS, A_KMAJOR, ASrc, 1, true>;
   using BLoad = LoaderFor<B_ROWS, B_COLS, Cfg::PRODUCER_THREADS, B_KMAJOR, BSrc, Cfg::CLUSTER>;
   typename ALoad::type a_load(a_src, ptid);
