@@ -2,12 +2,12 @@
 """A/B of tile choices with `moeblaze bench`, the way a kernel change is judged before it becomes a
 default: each preset's default tiles and every variant, run in alternating rounds in one call
 (A B C A B C ..., so drift in clocks or temperature falls on all of them alike), optionally after
-a grad-check of each variant; then the median step and per-kernel ms of each, and each variant's
-ratio to the defaults.
+a grad-check of the defaults and each variant; then the median step and per-kernel ms of each,
+and each variant's ratio to the defaults.
 
     python3 bench/ab.py --preset qwen3-30b-a3b --preset mixtral-8x7b \\
         --variant tmastore="down_proj=128x256x64_w8x1_s3_persist_tmacontig_tmastore gate_up_dgrad=..." \\
-        [--rounds 2] [--grad-check-tokens 4096] [--json ab.json] [--deadline-s 300]
+        [--rounds 2] [--grad-check-tokens 4096] [--no-check NAME] [--json ab.json] [--deadline-s 300]
 
 A variant is NAME=TILES, TILES a space- or comma-separated list of FAMILY=TILE (what `moeblaze
 bench --tile` takes). A tile that is not legal for a preset's layer is reported and that variant
@@ -16,7 +16,10 @@ skipped on that preset. --derive NAME=SUFFIX makes a variant per preset from its
 warp-specialised tile with SUFFIX appended where the result is legal, e.g. --derive
 direct=_directarrive. --build NAME=PATH is a variant that runs another build's `moeblaze` (PATH)
 with its own default tiles: a template change judged against the build before it, on the same
-GPU in the same rounds. The table shows the step and the families any variant changes; "ratio"
+GPU in the same rounds. --grad-check-tokens checks the defaults ("default": the build under test)
+and every variant first; a failing variant is dropped, failing defaults drop the preset (nothing
+to compare with). --no-check NAME leaves one out, e.g. an earlier build checked before: a
+deepseek-v3 check costs about as much as two bench rounds. The table shows the step and the families any variant changes; "ratio"
 is default ms / variant ms (above 1 the variant is faster). Needs a GPU and a built `moeblaze`
 (--moeblaze, default build/bin/moeblaze).
 """
@@ -173,6 +176,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
     ap.add_argument("--grad-check-tokens", type=int, default=0,
                     help="grad-check each variant at this T first (0: no check); a failing variant is dropped")
+    ap.add_argument("--no-check", action="append", default=[],
+                    help="NAME: no grad-check for this variant ('default' for the defaults; repeat)")
     ap.add_argument("--moeblaze", default="build/bin/moeblaze")
     ap.add_argument("--deadline-s", type=float, default=0, help="start nothing after this many seconds (0: none)")
     ap.add_argument("--json", type=Path, help="write the runs and the summary here")
@@ -193,6 +198,9 @@ def main(argv=None) -> int:
         ap.error("--rounds must be at least 1")
     if args.grad_check_tokens < 0:
         ap.error("--grad-check-tokens must be 0 (no check) or positive")
+    unnamed = [n for n in args.no_check if n != DEFAULT and n not in names]
+    if unnamed:
+        ap.error(f"--no-check: no variant named {unnamed}")
     if args.deadline_s < 0:
         ap.error("--deadline-s must be 0 (none) or positive")
     try:
@@ -218,8 +226,23 @@ def main(argv=None) -> int:
             defaults = default_tiles(args.moeblaze, preset, tokens[preset])
             for name, suffix in derives.items():  # the legal families of the derived tiles
                 plan[preset][name] = [t for t in derived_tiles(defaults, suffix) if not legal(args.moeblaze, preset, [t])]
+    def grad_check(preset: str, name: str, tiles: list[str]) -> bool:
+        """Whether the variant passes (or is not to be checked)."""
+        if args.grad_check_tokens <= 0 or name in args.no_check or time_left() <= 10:
+            return True
+        tile_args = ["--tile", *tiles] if tiles else []
+        gc = subprocess.run([binary(name), "grad-check", "--preset", preset, "-T", str(args.grad_check_tokens),
+                             *tile_args], capture_output=True, text=True, timeout=min(600, time_left()))
+        verdict = next((ln for ln in gc.stdout.splitlines() if ln.startswith(("PASS", "FAIL"))), "no verdict")
+        print(f"{preset} {name}: grad-check T={args.grad_check_tokens}: {verdict}", flush=True)
+        return gc.returncode == 0
+
     dropped: set[tuple[str, str]] = set()
     for preset, named in plan.items():
+        if not grad_check(preset, DEFAULT, []):
+            print(f"{preset}: the defaults fail their grad-check; nothing run on this preset", flush=True)
+            dropped.update((preset, name) for name in [DEFAULT, *named])
+            continue
         for name, tiles in named.items():
             if tiles or name in builds:
                 why = legal(binary(name), preset, tiles)
@@ -229,14 +252,8 @@ def main(argv=None) -> int:
                 print(f"{preset} {name}: not legal: {why}", flush=True)
                 dropped.add((preset, name))
                 continue
-            if args.grad_check_tokens > 0 and time_left() > 10:
-                tile_args = ["--tile", *tiles] if tiles else []
-                gc = subprocess.run([binary(name), "grad-check", "--preset", preset, "-T", str(args.grad_check_tokens),
-                                     *tile_args], capture_output=True, text=True, timeout=min(600, time_left()))
-                verdict = next((ln for ln in gc.stdout.splitlines() if ln.startswith(("PASS", "FAIL"))), "no verdict")
-                print(f"{preset} {name}: grad-check T={args.grad_check_tokens}: {verdict}", flush=True)
-                if gc.returncode != 0:
-                    dropped.add((preset, name))
+            if not grad_check(preset, name, tiles):
+                dropped.add((preset, name))
     runs = []
     for preset, name, rnd in schedule(plan, args.rounds):
         if (preset, name) in dropped:

@@ -130,3 +130,49 @@ def test_a_missing_build_is_refused_by_name(tmp_path, capsys):
     with pytest.raises(SystemExit):
         ab.main(["--preset", "p", "--build", f"new={tmp_path / 'nothing'}"])
     assert "--build new=" in capsys.readouterr().err
+
+
+def _logging_stand_in(path: Path, log: Path, fail_default: bool = False) -> Path:
+    """A moeblaze whose grad-checks append their --tile arguments (or 'default') to `log`."""
+    path.write_text(f"""#!{sys.executable}
+import json, sys
+args = sys.argv[1:]
+tiles = args[args.index("--tile") + 1:] if "--tile" in args else []
+if args[0] == "presets":
+    print(json.dumps([{{"name": "p", "T": 4096}}])); sys.exit(0)
+if args[0] == "grad-check":
+    with open({str(log)!r}, "a") as f:
+        f.write((" ".join(tiles) or "default") + "\\n")
+    if {fail_default!r} and not tiles:
+        print("FAIL: max relative error 3.0e-01 (tolerance 1e-02)"); sys.exit(1)
+    print("PASS: max relative error 3.8e-03 (tolerance 1e-02)"); sys.exit(0)
+if args[0] == "generate":
+    sys.exit(0)
+print(json.dumps({{"step_ms": 9.0 if tiles else 10.0, "kernels": [{{"family": "down_proj", "ms": 1.0, "tile": "t"}}]}}))
+""")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+def test_grad_checks_cover_the_defaults_and_skip_what_no_check_names(tmp_path):
+    log = tmp_path / "checks.log"
+    fake = _logging_stand_in(tmp_path / "moeblaze", log)
+    out = tmp_path / "ab.json"
+    assert ab.main(["--preset", "p", "--variant", "f=down_proj=fast", "--variant", "g=down_proj=other",
+                    "--grad-check-tokens", "512", "--no-check", "g", "--moeblaze", str(fake), "--json", str(out)]) == 0
+    assert log.read_text().split("\n")[:-1] == ["default", "down_proj=fast"]
+    assert set(json.loads(out.read_text())["summary"]["p"]) == {"default", "f", "g"}
+
+
+def test_defaults_that_fail_their_grad_check_drop_the_preset(tmp_path, capsys):
+    fake = _logging_stand_in(tmp_path / "moeblaze", tmp_path / "checks.log", fail_default=True)
+    assert ab.main(["--preset", "p", "--variant", "f=down_proj=fast", "--grad-check-tokens", "512",
+                    "--moeblaze", str(fake)]) == 1  # nothing ran
+    assert "the defaults fail their grad-check" in capsys.readouterr().out
+
+
+def test_no_check_must_name_a_variant(tmp_path, capsys):
+    fake = _logging_stand_in(tmp_path / "moeblaze", tmp_path / "checks.log")
+    with pytest.raises(SystemExit):
+        ab.main(["--preset", "p", "--no-check", "nosuch", "--moeblaze", str(fake)])
+    assert "--no-check" in capsys.readouterr().err
