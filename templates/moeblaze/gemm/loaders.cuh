@@ -131,7 +131,6 @@ struct MnMajorLoader {
       cp_async16(smem + 2u * static_cast<unsigned>(Map::offset(r, c)), ok ? p + c : src.fallback(), ok);
     }
   }
-  MB_DEV void load(bf16_t* smem) const { load(smem_addr(smem)); }
   MB_DEV void load(unsigned smem) const {
     if (src.contiguous(k_first, ROWS)) {  // hg, dH: never gathered (see TileLoader::load)
       const bf16_t* p = src.row(k_first + Map::row(tid, 0));
