@@ -166,11 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "kernels":
+            lines = [cells for path in args.raw for cells in kernel_lines(read_raw(path))]  # every file read first
             print("| kernel | " + " | ".join(t for t, *_ in RAW_METRICS) + " |")
             print("|---" * (len(RAW_METRICS) + 1) + "|")
-            for path in args.raw:
-                for cells in kernel_lines(read_raw(path)):
-                    print("| " + " | ".join(cells) + " |")
+            for cells in lines:
+                print("| " + " | ".join(cells) + " |")
             return 0
         if not 0 < args.min_share < 1:
             ap.error("--min-share must be between 0 and 1")
