@@ -124,11 +124,12 @@ MB_DEV void down_dgrad(const DownDgradArgs& p) {
     // Computing threads only (THREADS >= BM): the gates are visible to every consumer after
     // the mainloop's barrier (__syncthreads, or the consumer barrier ws_consume starts with).
     if constexpr (decltype(role)::kComputes) gemm::load_tile_gates<Cfg, K>(p.rv, t, gate_s[gemm::consumer_group<Cfg>()]);
+    const gemm::PrefetchTileH<Cfg, N, ACT> h_prefetch{p, t};  // the epilogue's H, into L2
     if constexpr (Cfg::TMA_CONTIGUOUS) {  // W2_e's k rows [k0, +64) of the [E*D, N] map (D % 64 == 0)
       const gemm::TmaMnWeights<1> bt{{&p.tma_w2}, t.expert * D, D, t.n0};
-      gemm::run_mainloop<Cfg, true, false>(acc, a, bt, D, gemm::dynamic_smem(), pipe, role);
+      gemm::run_mainloop<Cfg, true, false>(acc, a, bt, D, gemm::dynamic_smem(), pipe, role, h_prefetch);
     } else {
-      gemm::run_mainloop<Cfg, true, false>(acc, a, b, D, gemm::dynamic_smem(), pipe, role);
+      gemm::run_mainloop<Cfg, true, false>(acc, a, b, D, gemm::dynamic_smem(), pipe, role, h_prefetch);
     }
     if constexpr (!decltype(role)::kComputes) return true;  // the producer: loads only
     const int group = gemm::consumer_group<Cfg>();

@@ -183,6 +183,31 @@ TEST_CASE("generator: the silu-family epilogues compute the sigmoid without an I
   }
 }
 
+TEST_CASE("generator: down_dgrad's warp-specialised consumers prefetch the epilogue's H into L2") {
+  // H is read once, by the epilogue: a mainloop step hook (PrefetchTileH) brings the tile's lines
+  // into L2 a few k-steps ahead. One-tile `_wgmma` blocks have no such hook (their loads are
+  // staged after the mainloop), and no other family prefetches.
+  for (const Preset& p : presets()) {
+    if (!p.in_suite) continue;
+    SUBCASE(p.name.c_str()) {
+      std::vector<KernelSpec> picked;
+      for (const auto& s : layer_kernel_specs(p.layer, Arch::sm_90a))
+        if (s.family == KernelFamily::down_dgrad || s.family == KernelFamily::gate_up) picked.push_back(s);
+      REQUIRE(picked.size() == 2);
+      KernelSpec one_tile = picked[0].family == KernelFamily::down_dgrad ? picked[0] : picked[1];
+      REQUIRE(one_tile.tile.warp_specialized());
+      one_tile.tile = TileConfig::parse("128x128x64_w8x1_s3_wgmma");
+      picked.push_back(one_tile);
+      for (const auto& b : compile_all(picked, 0, true)) {  // keep the PTX
+        INFO(b.compiled.kernel_name);
+        const bool hooked = b.generated.spec.family == KernelFamily::down_dgrad && b.generated.spec.tile.warp_specialized();
+        CHECK((b.compiled.ptx.find("prefetch.global.L2 ") != std::string::npos) == hooked);
+        CHECK(!b.compiled.resources.has_spills());
+      }
+    }
+  }
+}
+
 TEST_CASE("generator: each compiled kernel reports its machine code size from the cubin") {
   const Preset* gpt = nullptr;
   for (const Preset& p : presets())

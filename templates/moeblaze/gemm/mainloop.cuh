@@ -12,11 +12,13 @@ namespace moeblaze::gemm {
 
 // The mainloop a tile config asks for: mma.sync, wgmma with a cp.async pipeline shared by
 // all warps, or warp-specialised wgmma (the role's part of one tile of the block's pipeline).
-template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, class ASrc, class BSrc, class Pipe, class Role>
+// A step hook (NoStepHook) runs on the warp-specialised consumers only.
+template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, class ASrc, class BSrc, class Pipe, class Role,
+          class Hook = NoStepHook>
 MB_DEV void run_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASrc& a, const BSrc& b, int k_size,
-                         bf16_t* smem, Pipe& pipe, Role role) {
+                         bf16_t* smem, Pipe& pipe, Role role, const Hook& hook = {}) {
   if constexpr (Cfg::WARP_SPECIALIZED) {
-    ws_mainloop<Cfg, A_KMAJOR, B_KMAJOR>(acc, a, b, k_size, smem, pipe, role);
+    ws_mainloop<Cfg, A_KMAJOR, B_KMAJOR>(acc, a, b, k_size, smem, pipe, role, hook);
   } else if constexpr (Cfg::WGMMA) {
     wgmma_mainloop<Cfg, A_KMAJOR, B_KMAJOR>(acc, a, b, k_size, smem);
   } else {

@@ -13,6 +13,7 @@
 #include "moeblaze/gemm/mainloop/warp_specialized.cuh"
 #include "moeblaze/gemm/scheduler/tile_schedule.cuh"
 #include "moeblaze/kernel_args.cuh"
+#include "moeblaze/ptx/prefetch.cuh"
 #include "moeblaze/slot_gate.cuh"
 
 namespace moeblaze::gemm {
@@ -44,6 +45,30 @@ MB_DEV void load_tile_gates(const RoutingView& rv, const SlotTile& t, float (&ga
   for (int r = consumer_tid<Cfg>(); r < Cfg::BM; r += Cfg::THREADS)
     gate_s[r] = r < t.rows ? slot_gate<K>(rv, t.slot0 + r, t.expert) : 0.f;
 }
+
+// The tile's H lines (its rows' G parts of BN columns, 128 bytes a prefetch) brought into L2
+// kAhead k-steps before the epilogue reads them, as a mainloop step hook. H is read once in the
+// whole backward, so without it every epilogue load is a DRAM round trip, and a thread waits
+// for several of them in turn (dH aliases H, which keeps its loads behind its stores).
+template <class Cfg, int N, Activation ACT>
+struct PrefetchTileH {
+  static constexpr int kAhead = 4;
+  static constexpr int G = gate_parts<ACT>();
+  static constexpr int SEG = 64, SEGS = (Cfg::BN + SEG - 1) / SEG;  // bf16 a 128-byte line
+  // References to what the epilogue keeps live anyway (H's address from the kernel's
+  // parameters, the tile's rows): a copy of them held across the mainloop spilled.
+  const DownDgradArgs& p;
+  const SlotTile& t;
+  MB_DEV void operator()() const {
+    const bf16_t* tile = static_cast<const bf16_t*>(p.H) + static_cast<i64>(t.slot0) * (G * N) + t.n0;
+    const int cols = N - t.n0 < Cfg::BN ? N - t.n0 : Cfg::BN;
+#pragma unroll 1  // a few lines a thread; unrolled, its addresses spilled the consumers' registers
+    for (int i = consumer_tid<Cfg>(); i < t.rows * G * SEGS; i += Cfg::THREADS) {
+      const int r = i / (G * SEGS), part = i / SEGS % G, seg = i % SEGS;
+      if (seg * SEG < cols) prefetch_l2(tile + static_cast<i64>(r) * (G * N) + part * N + seg * SEG);
+    }
+  }
+};
 
 // The epilogue proper, on the consumers after the tile's mainloop. STAGED tiles (one-tile wgmma
 // blocks) stage H and the results through the stage buffers the mainloop is done with.

@@ -189,13 +189,21 @@ MB_DEV void release_stage(unsigned empty) {
   if constexpr (Cfg::CLUSTER == 2) mbar_arrive_cluster(empty, cluster_ctarank() ^ 1);
 }
 
+// Work the consumers start a few k-steps before their mainloop ends, for the epilogue: right
+// after issuing the wgmma group kAhead steps before the end (tiles with fewer k-steps skip it).
+// NoStepHook: none.
+struct NoStepHook {
+  static constexpr int kAhead = 0;
+  MB_DEV void operator()() const {}
+};
+
 // The consumers' part of one tile: wgmma over the tile's k stages as they are published,
 // one group in flight, every buffer handed back (the tile's last one too, for the next
 // tile's fill). Starts with a consumer barrier, so shared memory the epilogue reads and
 // other consumers wrote before the mainloop (down_dgrad's gates) is visible after it.
-template <class Cfg, bool A_KMAJOR, bool B_KMAJOR>
+template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, class Hook = NoStepHook>
 MB_DEV void ws_consume(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], int k_size, bf16_t* smem_raw,
-                       WsPipe<Cfg>& pipe) {
+                       WsPipe<Cfg>& pipe, const Hook& hook = {}) {
   constexpr int S = Cfg::STAGES;
   const unsigned smem_at = smem_addr(align_1024(smem_raw));
   const int k_tiles = (k_size + Cfg::BK - 1) / Cfg::BK;
@@ -212,6 +220,8 @@ MB_DEV void ws_consume(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], int k_size, b
     mbar_wait(pipe.full_at(c.stage), c.parity);
     if constexpr (Cfg::DIRECT_ARRIVE) fence_proxy_async_smem();  // the producer's cp.async writes, for wgmma
     issue_stage<Cfg, A_KMAJOR, B_KMAJOR>(acc, smem_at + 2u * static_cast<unsigned>(c.stage * Cfg::STAGE_ELEMS), warpgroup);
+    if constexpr (Hook::kAhead > 0)
+      if (it + Hook::kAhead == end) hook();
     wgmma_wait<1>();  // the group of step it-1 has completed: hand its buffer back
     if (previous >= 0 && lane == 0) release_stage<Cfg>(pipe.empty_at(previous));
     previous = c.stage;
@@ -223,9 +233,9 @@ MB_DEV void ws_consume(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], int k_size, b
   pipe.it = end;
 }
 
-template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, class ASrc, class BSrc, class Role>
+template <class Cfg, bool A_KMAJOR, bool B_KMAJOR, class ASrc, class BSrc, class Role, class Hook = NoStepHook>
 MB_DEV void ws_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASrc& a_src, const BSrc& b_src,
-                        int k_size, bf16_t* smem, WsPipe<Cfg>& pipe, Role) {
+                        int k_size, bf16_t* smem, WsPipe<Cfg>& pipe, Role, const Hook& hook = {}) {
   static_assert(Cfg::WARPS_N == 1 && Cfg::WTM == 16 * Cfg::MT && Cfg::WARPS_M % 4 == 0 &&
                     Cfg::BM == (Cfg::WARPS_M / 4) * Cfg::MT * 64,
                 "wgmma tiles: each consumer warpgroup owns MT whole m64 slabs, one 16-row slab per warp in each");
@@ -233,12 +243,12 @@ MB_DEV void ws_mainloop(float (&acc)[Cfg::NB][Cfg::MT][Cfg::NT][4], const ASrc& 
   static_assert(B_KMAJOR || Cfg::NB == 1, "stacked B tiles are K-major");
   if constexpr (Role::kLoads && Role::kComputes) {  // a one-tile block split here (router GEMMs)
     if (!is_consumer<Cfg>()) ws_produce<Cfg, A_KMAJOR, B_KMAJOR>(a_src, b_src, k_size, smem, pipe);
-    else ws_consume<Cfg, A_KMAJOR, B_KMAJOR>(acc, k_size, smem, pipe);
+    else ws_consume<Cfg, A_KMAJOR, B_KMAJOR>(acc, k_size, smem, pipe, hook);
     __syncthreads();
   } else if constexpr (Role::kLoads) {
     ws_produce<Cfg, A_KMAJOR, B_KMAJOR>(a_src, b_src, k_size, smem, pipe);
   } else if constexpr (Role::kComputes) {
-    ws_consume<Cfg, A_KMAJOR, B_KMAJOR>(acc, k_size, smem, pipe);
+    ws_consume<Cfg, A_KMAJOR, B_KMAJOR>(acc, k_size, smem, pipe, hook);
   } else {  // a ping-pong group passing over the other group's tile: its k steps, uncounted here
     pipe.it += (k_size + Cfg::BK - 1) / Cfg::BK;
   }
