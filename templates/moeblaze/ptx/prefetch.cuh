@@ -1,6 +1,5 @@
-// PTX wrapper: a global-memory line prefetched into L2. A hint: no register receives data, no
-// barrier waits on it, and an address outside any allocation is ignored rather than faulting
-// only where the hardware says so, so callers pass addresses inside their operands.
+// PTX wrapper: a global-memory line prefetched into L2. A hint: no register receives data and
+// nothing waits on it. Callers pass addresses inside their operands.
 #pragma once
 #include "moeblaze/common.cuh"
 
