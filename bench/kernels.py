@@ -4,7 +4,8 @@ families (bench/kernel_families.py says how), median over a few profiled steps. 
 backward are profiled separately so that each kernel's phase is known. Writes kernels.md (the
 family table and each impl's top kernels) and kernels.json (every number) under --out.
 
-Usage: python3 bench/kernels.py [--shapes qwen3-30b-a3b] [--tokens T] [--steps 3] [--peers DIR] --out DIR
+Usage: python3 bench/kernels.py [--shapes qwen3-30b-a3b] [--tokens T] [--steps 3] [--peers DIR]
+           [--impls moeblaze,sonicmoe] [--forward-only] --out DIR
 (needs a GPU; suite.py --kernels runs the same in the suite's process)."""
 from __future__ import annotations
 
@@ -77,13 +78,13 @@ def records_from(prof, phase: str, step: int) -> List[dict]:
     return out
 
 
-def profile_impl(impl, dy, steps: int, warmup: int = 2) -> List[dict]:
+def profile_impl(impl, dy, steps: int, warmup: int = 2, forward_only: bool = False) -> List[dict]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from measure import step_fn
 
-    step = step_fn(impl, dy)
+    step = (lambda: impl.forward()) if forward_only else step_fn(impl, dy)
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
@@ -95,23 +96,32 @@ def profile_impl(impl, dy, steps: int, warmup: int = 2) -> List[dict]:
             y = impl.forward()
             torch.cuda.synchronize()
         records += records_from(pf, "forward", s)
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as pb:
-            y.backward(dy)
-            torch.cuda.synchronize()
-        records += records_from(pb, "backward", s)
+        if not forward_only:
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as pb:
+                y.backward(dy)
+                torch.cuda.synchronize()
+            records += records_from(pb, "backward", s)
         del y
     return records
 
 
-def _profile_one(impl_name: str, shape: dict, T: int, steps: int, peers_root) -> dict:
-    """One impl's numbers; its inputs and weights are freed on return."""
+def _profile_one(impl_name: str, shape: dict, T: int, steps: int, peers_root, forward_only: bool = False) -> dict:
+    """One impl's numbers; its inputs and weights are freed on return. forward_only: the
+    forward's kernels and the forward's time in "step_ms" (no backward runs: a peer's backward
+    kernels need not be compiled)."""
+    import torch
+
     import impls as builders
     from measure import median_ms, step_fn
 
     inp = builders.make_inputs(shape, "random", T)
     impl = builders.build(impl_name, inp, peers_root)
-    records = kf.assign(profile_impl(impl, inp.dy, steps), impl_name)
-    step_ms, _ = median_ms(step_fn(impl, inp.dy), 10)
+    records = kf.assign(profile_impl(impl, inp.dy, steps, forward_only=forward_only), impl_name)
+    if forward_only:
+        with torch.no_grad():
+            step_ms, _ = median_ms(lambda: impl.forward(), 10)
+    else:
+        step_ms, _ = median_ms(step_fn(impl, inp.dy), 10)
     kernels = kf.top_kernels(records, n=10 ** 6)
     return {"family_ms": kf.family_ms(records), "step_ms": step_ms, "kernels": kernels, "top": kernels[:25],
             "kernels_per_step": len(records) / steps,
@@ -119,7 +129,7 @@ def _profile_one(impl_name: str, shape: dict, T: int, steps: int, peers_root) ->
 
 
 def compare(name: str, tokens: Optional[int] = None, steps: int = 3, peers_root=None,
-            impls: Sequence[str] = IMPLS) -> dict:
+            impls: Sequence[str] = IMPLS, forward_only: bool = False) -> dict:
     """The comparison on one shape: per impl the family ms, every kernel by (name, phase), the
     step by events; impls that cannot run are listed under "errors" with the reason."""
     import torch
@@ -129,10 +139,10 @@ def compare(name: str, tokens: Optional[int] = None, steps: int = 3, peers_root=
     shape = SHAPES[name]
     T = tokens or shape["T"]
     result = {"shape": shape, "tokens": T, "steps": steps, "device": torch.cuda.get_device_name(), "impls": {},
-              "errors": {}}
+              "errors": {}, "forward_only": forward_only}
     for impl_name in impls:
         try:
-            result["impls"][impl_name] = _profile_one(impl_name, shape, T, steps, peers_root)
+            result["impls"][impl_name] = _profile_one(impl_name, shape, T, steps, peers_root, forward_only)
         except builders.Unavailable as e:
             result["errors"][impl_name] = str(e)
         except Exception as e:  # noqa: BLE001 - one impl's failure must not lose the other's numbers
@@ -151,8 +161,9 @@ def write(results: Sequence[dict], out: Path) -> None:
     (out / "kernels.md").write_text("\n".join(kf.render(r) for r in results))
 
 
-def run(names: Sequence[str], out: Path, tokens: Optional[int] = None, steps: int = 3, peers_root=None) -> List[dict]:
-    results = [compare(n, tokens, steps, peers_root) for n in names]
+def run(names: Sequence[str], out: Path, tokens: Optional[int] = None, steps: int = 3, peers_root=None,
+        impls: Sequence[str] = IMPLS, forward_only: bool = False) -> List[dict]:
+    results = [compare(n, tokens, steps, peers_root, impls, forward_only) for n in names]
     write(results, out)
     return results
 
@@ -167,6 +178,9 @@ def main():
     ap.add_argument("--steps", type=int, default=3, help="profiled steps (the median is reported)")
     ap.add_argument("--peers", default=None, help=f"folder holding the peers' folders (default {peers.DEFAULT_ROOT}, "
                                                    "or MOEBLAZE_PEERS)")
+    ap.add_argument("--impls", default=",".join(IMPLS), help="implementations, comma-separated (default: %(default)s)")
+    ap.add_argument("--forward-only", action="store_true",
+                    help="profile the forward alone (a peer's backward kernels need not compile); step_ms is the forward's")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     try:
@@ -177,7 +191,11 @@ def main():
         sys.exit("--steps: at least 1")
     if a.tokens is not None and a.tokens < 1:
         sys.exit("--tokens: at least 1")
-    run(names, Path(a.out), a.tokens, a.steps, Path(a.peers) if a.peers else None)
+    try:
+        impls = plan.parse_list(a.impls, list(IMPLS), "--impls")
+    except ValueError as e:
+        sys.exit(str(e))
+    run(names, Path(a.out), a.tokens, a.steps, Path(a.peers) if a.peers else None, impls, a.forward_only)
     print((Path(a.out) / "kernels.md").read_text())
 
 

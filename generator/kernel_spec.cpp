@@ -189,6 +189,7 @@ std::string TileConfig::to_string() const {
   if (alt_order) s += "_altorder";
   if (direct_arrive) s += "_directarrive";
   if (cluster_m > 1) s += fmt::format("_cluster{}x1", cluster_m);
+  if (cute) s += "_cute";
   return s;
 }
 
@@ -248,7 +249,7 @@ TileConfig TileConfig::parse(const std::string& s) {
   auto malformed = [&s] {
     return InvalidArgument(
         "tile", fmt::format("'{}' is not of the form BMxBNxBK_wMxN_sS[_wgmma|_ws|_persist|_pingpong][_tmacontig]"
-                            "[_tmastore|_tmastore64][_altorder][_directarrive][_clusterCx1] (e.g. 128x128x64_w2x4_s4, "
+                            "[_tmastore|_tmastore64][_altorder][_directarrive][_clusterCx1][_cute] (e.g. 128x128x64_w2x4_s4, "
                             "128x256x64_w8x1_s4_persist_tmacontig; docs/design.md, \"Glossary\")",
                             s));
   };
@@ -305,6 +306,7 @@ TileConfig TileConfig::parse(const std::string& s) {
     } else if (suffix("_c2")) {
       t.cluster_m = 2;
     }
+    t.cute = suffix("_cute");
   }
   if (at != s.size()) throw malformed();
   return t;
@@ -347,9 +349,42 @@ std::string KernelSpec::name() const {
 
 int KernelSpec::cluster_size() const { return is_tiled(family) ? tile.cluster_m : 1; }
 
+bool header_needs_cutlass(const std::string& header) { return header.rfind("moeblaze/sm90/", 0) == 0; }
+
+namespace {
+// Tiles of the kernel layer (TileConfig::cute, templates/moeblaze/sm90/): what its one skeleton
+// and the parts built so far can run.
+std::string kernel_layer_problem(const KernelSpec& spec, int max_smem_bytes) {
+  const TileConfig& t = spec.tile;
+  if (spec.family != KernelFamily::down_proj) return "the kernel layer (_cute) runs down_proj so far";
+  if (!t.persistent()) return "kernel-layer tiles are persistent: ping-pong (_pingpong) or cooperative (_persist)";
+  if (!t.tma_contiguous || !t.tma_store || t.tma_store_blocks)
+    return "kernel-layer tiles load both operands by TMA and store the tile by TMA (_tmacontig_tmastore)";
+  if (t.direct_arrive) return "kernel-layer tiles have no _directarrive (both operands come by TMA)";
+  if (t.cluster_m != 1 && t.cluster_m != 2) return "kernel-layer clusters are pairs along M (_cluster2x1)";
+  if (t.bk != 64) return "bk must be 64 (one 128-byte swizzle group per row)";
+  if (t.pingpong()) {
+    if (t.warps_m != 4 || t.warps_n != 1) return "ping-pong tiles have 4 x 1 warps (one warpgroup per tile)";
+    if (t.bm != 64 && t.bm != 128) return "ping-pong tiles have bm 64 or 128 (one warpgroup's m64 slabs)";
+  } else {
+    if (t.bm != 128 && t.bm != 256) return "cooperative kernel-layer tiles have bm 128 or 256 (two warpgroups of m64 slabs)";
+    if (t.warps_n != 1 || t.compute_threads() != 256) return "cooperative kernel-layer tiles have two consumer warpgroups";
+  }
+  if (t.bn % 64 || t.bn > 256) return "kernel-layer bn must be 64, 128, 192 or 256 (64-column TMA store boxes)";
+  const int acc = t.bm * t.bn / (t.pingpong() ? 128 : 256);
+  if (acc > 192) return fmt::format("{} accumulator registers per thread is too many (at most 192)", acc);
+  if (spec.layer.expert_bias) return "the kernel layer's down_proj does not add expert biases yet";
+  if (spec.layer.shape.hidden % 8) return "TMA stores need output rows of a multiple of 8 elements (16 bytes)";
+  if (t.smem_bytes(1) > max_smem_bytes)
+    return fmt::format("{} bytes of shared memory exceeds {}", t.smem_bytes(1), max_smem_bytes);
+  return {};
+}
+}  // namespace
+
 std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
   if (!is_tiled(spec.family)) return {};
   const TileConfig& t = spec.tile;
+  if (t.cute) return kernel_layer_problem(spec, max_smem_bytes);
   if (t.bk != 64) return "bk must be 64 (one 128-byte swizzle group per row)";
   if (t.wgmma()) {
     if (!supports_wgmma(spec.family)) return "wgmma tiles are for GEMM families";
@@ -455,7 +490,20 @@ GeneratedKernel generate(const KernelSpec& spec) {
   g.source.kernel_name = spec.name();
   g.source.file_name = spec.name() + ".cu";
   std::string targs = shape_arguments(spec);
-  if (is_tiled(spec.family)) {
+  const char* header = fi.header;
+  const char* function = fi.function;
+  if (is_tiled(spec.family) && spec.tile.cute) {
+    const TileConfig& t = spec.tile;
+    const MoeShape& m = spec.layer.shape;
+    header = "moeblaze/sm90/down_proj.cuh";
+    function = "moeblaze::sm90::down_proj";
+    targs = fmt::format("moeblaze::sm90::KernelConfig<{}, {}, {}, moeblaze::sm90::Schedule::{}, {}>, {}, {}, {}, {}", t.bm,
+                        t.bn, t.stages, t.pingpong() ? "pingpong" : "cooperative", t.cluster_m, m.experts, m.hidden,
+                        m.ffn, t.alt_order ? "true" : "false");
+    g.source.needs_cutlass = header_needs_cutlass(header);
+    g.threads = t.threads();
+    g.dynamic_smem = t.smem_bytes(1);
+  } else if (is_tiled(spec.family)) {
     const TileConfig& t = spec.tile;
     const int nb = stacked_b_tiles(spec.family, spec.layer.activation);
     // The int(...) keeps gemm::Tile's parameters ints (gemm/tile.cuh); trailing parameters at
@@ -480,10 +528,10 @@ GeneratedKernel generate(const KernelSpec& spec) {
       "extern \"C\" __global__ void {} {}(const {}moeblaze::{} args) {{\n"
       "  {}<{}>(args);\n"
       "}}\n",
-      kGeneratorVersion, to_string(spec.family), spec.layer.describe(), fi.header, bounds, g.source.kernel_name,
+      kGeneratorVersion, to_string(spec.family), spec.layer.describe(), header, bounds, g.source.kernel_name,
       // TMA reads its tensor maps from the parameter itself: no local copy of the struct.
       is_tiled(spec.family) && (spec.tile.tma_contiguous || spec.tile.tma_store) ? "__grid_constant__ " : "", fi.args,
-      fi.function, targs);
+      function, targs);
   return g;
 }
 

@@ -89,6 +89,11 @@ struct TileConfig {
   // 2*bm-row tile and shares its weight operand (launched with cuLaunchKernelEx and a cluster
   // dimension).
   int cluster_m = 1;
+  // The kernel layer on CuTe (templates/moeblaze/sm90/: one skeleton over a mainloop, an
+  // epilogue and a problem policy) instead of the hand-written mainloops ("_cute"). Ping-pong
+  // (_pingpong) or cooperative (_persist) persistent tiles, both operands by TMA
+  // (_tmacontig), the output by ragged TMA stores (_tmastore); down_proj so far.
+  bool cute = false;
   bool wgmma() const { return uses_wgmma(mainloop); }
   bool warp_specialized() const { return is_warp_specialized(mainloop); }
   bool persistent() const { return is_persistent(mainloop); }
@@ -105,6 +110,9 @@ struct TileConfig {
   int loader_threads() const { return warp_specialized() ? producer_threads() : compute_threads(); }
   // wgmma tiles reserve 1 KiB to align their 128-byte-swizzle atoms to 1024 bytes.
   int smem_bytes(int nb) const {
+    // The kernel layer's stages, one staging tile and 2 KiB of barriers and alignment
+    // (templates/moeblaze/sm90/gemm_kernel.cuh kernel_smem_bytes).
+    if (cute) return stages * (bm + nb * bn) * bk * 2 + bm * bn * 2 + 2048;
     return stages * (bm * bk + nb * bn * bk) * 2 + staging_bytes() + (wgmma() ? 1024 : 0);
   }
   // The TMA-store epilogue's staging buffers (gemm/tile.cuh OUT_ELEMS).
@@ -138,6 +146,10 @@ struct KernelSpec {
   // carries down_dgrad's tile but is no GEMM).
   int cluster_size() const;
 };
+
+// Whether a template header is part of the kernel layer (templates/moeblaze/sm90/), whose
+// headers include CUTLASS's (KernelSource::needs_cutlass).
+bool header_needs_cutlass(const std::string& header);
 
 // Why a spec cannot be built (empty when it can): the tuner skips such configurations.
 std::string legality_problem(const KernelSpec& spec, int max_smem_bytes = 227 * 1024);

@@ -16,7 +16,9 @@ std::string binary_key(const GeneratedKernel& g, const CompileOptions& options) 
                      "options=-std=c++17 -default-device -lineinfo -DNDEBUG{};nvrtc={}",
                      kGeneratorVersion, templates_hash(), g.spec.name(), g.spec.layer.describe(),
                      is_tiled(g.spec.family) ? g.spec.tile.to_string() : "-", g.threads, g.dynamic_smem, to_string(options.arch),
-                     extra, nvrtc_version());
+                     extra, nvrtc_version()) +
+         // CUTLASS's headers are not embedded: the release they come from keys the kernels that use them.
+         (g.source.needs_cutlass ? fmt::format(";cutlass={}", kCutlassVersion) : "");
 }
 
 int64_t token_bucket(int64_t tokens) {

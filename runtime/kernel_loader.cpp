@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 
 #include "cache_keys.hpp"
 #include "generator/heuristics.hpp"
@@ -78,6 +79,29 @@ void warn_once(LoadReport* report, const std::string& w) {
 
 }  // namespace
 
+std::map<KernelFamily, TileConfig> parse_forced_tiles(const std::string& text, const char* name) {
+  std::map<KernelFamily, TileConfig> out;
+  std::string item;
+  auto take = [&] {
+    if (item.empty()) return;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == item.size())
+      throw InvalidArgument(name, fmt::format("'{}' is not FAMILY=TILE (e.g. down_proj=128x256x64_w8x1_s4_persist_tmacontig)", item));
+    try {
+      out[parse_family(item.substr(0, eq))] = TileConfig::parse(item.substr(eq + 1));
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(name, fmt::format("'{}': {}", item, e.what()));
+    }
+    item.clear();
+  };
+  for (char ch : text) {
+    if (ch == ',' || ch == ' ' || ch == '\t' || ch == '\n') take();
+    else item += ch;
+  }
+  take();
+  return out;
+}
+
 std::vector<BuiltKernel> build_with_cache(const std::vector<KernelSpec>& specs, KernelCache* cache,
                                           LoadReport* report) {
   BuildCounts counts;
@@ -98,10 +122,18 @@ std::vector<KernelSpec> choose_tiles(const LayerConfig& layer, Arch arch, const 
   const int64_t bucket = token_bucket(o.tokens > 0 ? o.tokens : 1);
   std::vector<KernelSpec> specs = layer_kernel_specs(layer, arch, o.tokens);
   std::map<std::string, std::vector<Winner>> winners;  // per family, read once
+  std::map<KernelFamily, TileConfig> env_force;
+  if (const char* v = std::getenv("MOEBLAZE_TILES"); v && *v) env_force = parse_forced_tiles(v, "MOEBLAZE_TILES");
   for (auto& s : specs) {
     KernelChoice c{s.family, s.tile};
-    if (auto f = o.force.find(s.family); f != o.force.end()) {
-      s.tile = f->second;
+    const TileConfig* forced = nullptr;
+    if (auto f = o.force.find(s.family); f != o.force.end()) forced = &f->second;
+    else if (auto g = env_force.find(s.family); g != env_force.end()) forced = &g->second;
+    if (forced) {
+      if (const std::string why = legality_problem(KernelSpec{s.family, layer, *forced, arch}); !why.empty())
+        throw InvalidArgument("tile", fmt::format("forced {} tile {} for {}: {}", to_string(s.family), forced->to_string(),
+                                                  layer.describe(), why));
+      s.tile = *forced;
       c.tile_source = TileSource::forced;
     } else if (cache && is_tiled(s.family)) {
       const TuningKey key = tuning_key(s.family, layer, bucket, fingerprint, o.policy);

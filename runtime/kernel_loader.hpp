@@ -51,9 +51,15 @@ struct LoadOptions {
   std::map<KernelFamily, TileConfig> force;    // override the lookup (tests, regress --force)
 };
 
+// "FAMILY=TILE[,FAMILY=TILE ...]" (commas or spaces): tiles to force, as `bench --tile` takes
+// them. The environment variable MOEBLAZE_TILES holds such a list for every layer a process
+// loads (below LoadOptions::force): a knob for experiments, e.g. one tile in a training script.
+// Throws InvalidArgument(name, ...) on an unknown family or a malformed tile.
+std::map<KernelFamily, TileConfig> parse_forced_tiles(const std::string& text, const char* name);
+
 // The specs load_kernels builds: each family's tile looked up in the cache (forced tiles
-// first), the default where no usable winner exists; one KernelChoice per spec is appended to
-// r.kernels. No GPU: `fingerprint` is device_fingerprint() of the device the tiles are for.
+// first: LoadOptions::force, then MOEBLAZE_TILES; an illegal forced tile throws), the default
+// where no usable winner exists; one KernelChoice per spec is appended to r.kernels. No GPU: `fingerprint` is device_fingerprint() of the device the tiles are for.
 std::vector<KernelSpec> choose_tiles(const LayerConfig& layer, Arch arch, const std::string& fingerprint,
                                      KernelCache* cache, const LoadOptions& options, LoadReport& r);
 

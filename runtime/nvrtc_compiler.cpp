@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <regex>
 
 #include "core/errors.hpp"
@@ -79,6 +81,43 @@ std::string find_cuda_include_dir() {
               "\nSet CUDA_HOME to the CUDA 13 toolkit folder.");
 }
 
+namespace {
+// "4.2.0" from cutlass/version.h's CUTLASS_MAJOR / _MINOR / _PATCH; empty when unreadable.
+std::string cutlass_header_version(const std::filesystem::path& include_dir) {
+  std::ifstream in(include_dir / "cutlass" / "version.h");
+  if (!in) return {};
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string parts[3];
+  const char* names[3] = {"CUTLASS_MAJOR", "CUTLASS_MINOR", "CUTLASS_PATCH"};
+  for (int i = 0; i < 3; ++i) {
+    std::smatch m;
+    if (!std::regex_search(text, m, std::regex(std::string("#define ") + names[i] + R"(\s+(\d+))"))) return {};
+    parts[i] = m[1];
+  }
+  return parts[0] + "." + parts[1] + "." + parts[2];
+}
+}  // namespace
+
+std::string find_cutlass_include_dir() {
+  std::vector<std::pair<std::string, std::string>> candidates;  // folder, where it came from
+  if (const char* v = std::getenv("MOEBLAZE_CUTLASS_INCLUDE"); v && *v) candidates.emplace_back(v, "MOEBLAZE_CUTLASS_INCLUDE");
+#ifdef MOEBLAZE_CUTLASS_INCLUDE_DEFAULT
+  candidates.emplace_back(MOEBLAZE_CUTLASS_INCLUDE_DEFAULT, "the nvidia-cutlass package found at build time");
+#endif
+  std::string tried;
+  for (const auto& [dir, from] : candidates) {
+    const std::string version = cutlass_header_version(dir);
+    if (version == kCutlassVersion) return dir;
+    tried += fmt::format("\n  {} (from {}): {}", dir, from,
+                         version.empty() ? "no cutlass/version.h" : "CUTLASS " + version + ", not " + kCutlassVersion);
+  }
+  throw Error(fmt::format("CUTLASS {} headers not found (the kernel layer's kernels include CuTe).{}\n"
+                          "Install them with `python3 -m pip install --no-deps nvidia-cutlass=={}.0` and set "
+                          "MOEBLAZE_CUTLASS_INCLUDE to its cutlass_library/source/include folder.",
+                          kCutlassVersion, tried.empty() ? "\n  (no MOEBLAZE_CUTLASS_INCLUDE, no build-time default)" : tried,
+                          kCutlassVersion));
+}
+
 ResourceReport parse_resource_report(const std::string& log, const std::string& kernel_name) {
   ResourceReport r;
   // ptxas prints a "Function properties for NAME" block followed by the stack/spill line,
@@ -117,6 +156,7 @@ CompiledKernel compile_kernel(const KernelSource& source, const CompileOptions& 
       "-lineinfo",
       "-DNDEBUG",
   };
+  if (source.needs_cutlass) opts.push_back("-I" + find_cutlass_include_dir());
   opts.insert(opts.end(), options.extra.begin(), options.extra.end());
   std::vector<const char*> argv;
   for (const auto& o : opts) argv.push_back(o.c_str());

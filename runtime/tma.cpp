@@ -90,6 +90,30 @@ TmaMap encode_output_map(CUdeviceptr base, int64_t experts, int64_t rows, int64_
                                                        : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16);
 }
 
+RaggedMapParams ragged_rows_map_params(CUdeviceptr base, int64_t rows, int64_t cols, int64_t ld, int box_rows,
+                                       const char* name) {
+  check_tma_view(base, rows, cols, ld, box_rows, name);
+  constexpr uint64_t kBase = uint64_t{1} << 30, kLimit = (uint64_t{1} << 31) - 1;
+  if (static_cast<uint64_t>(rows) > kLimit - kBase)
+    throw InvalidArgument(name, fmt::format("{} rows are too many for a ragged TMA view (at most 2^30 - 1)", rows));
+  RaggedMapParams p;
+  const uint64_t row_bytes = static_cast<uint64_t>(ld) * 2;
+  p.base = base - kBase * row_bytes;  // wraps around for small addresses: the map's coordinates add it back
+  p.dims[0] = static_cast<uint64_t>(cols);
+  p.dims[1] = kBase;
+  p.dims[2] = kLimit;
+  p.strides[0] = p.strides[1] = row_bytes;
+  p.box[0] = 64;  // 128 bytes: the swizzle span
+  p.box[1] = static_cast<uint32_t>(box_rows);
+  p.box[2] = 1;
+  return p;
+}
+
+TmaMap encode_ragged_rows_map(CUdeviceptr base, int64_t rows, int64_t cols, int64_t ld, int box_rows, const char* name) {
+  const RaggedMapParams p = ragged_rows_map_params(base, rows, cols, ld, box_rows, name);
+  return encode_tiled<3>(p.base, p.dims, p.strides, p.box, p.element_strides, CU_TENSOR_MAP_L2_PROMOTION_NONE, name);
+}
+
 int64_t w1_map_rows(const LayerConfig& l) { return int64_t{l.shape.experts} * l.w1_rows(); }
 int64_t w3_map_rows(const LayerConfig& l) { return w1_map_rows(l) - (l.fused_gate_up() ? l.shape.ffn : 0); }
 
@@ -135,7 +159,9 @@ static TmaMap slot_rows_map(const void* rows, const TileConfig& t, const LayerCo
   return encode_output_map(reinterpret_cast<CUdeviceptr>(rows), 1, slots, l.shape.hidden, l.shape.hidden, t.bm, name);
 }
 void attach_output_map(DownProjArgs& down, const TileConfig& t, const LayerConfig& l, int64_t slots) {
-  if (t.tma_store) down.tma_o = slot_rows_map(down.o, t, l, slots, "o");
+  if (t.cute) down.tma_o = encode_ragged_rows_map(reinterpret_cast<CUdeviceptr>(down.o), slots, l.shape.hidden,
+                                                 l.shape.hidden, t.bm, "o");
+  else if (t.tma_store) down.tma_o = slot_rows_map(down.o, t, l, slots, "o");
 }
 void attach_output_map(GateUpDgradArgs& ud, const TileConfig& t, const LayerConfig& l, int64_t slots) {
   if (t.tma_store) ud.tma_dxs = slot_rows_map(ud.dxs, t, l, slots, "dxs");

@@ -51,6 +51,23 @@ OutputMapParams output_map_params(CUdeviceptr base, int64_t experts, int64_t row
 TmaMap encode_output_map(CUdeviceptr base, int64_t experts, int64_t rows, int64_t cols, int64_t ld, int box_rows,
                          const char* name, int64_t expert_rows = 0, OutputElement element = OutputElement::bf16);
 
+// A ragged view of a row-major [rows][cols] bf16 output (rows ld elements apart) for TMA stores
+// that stop at a group's last row (the kernel layer's epilogue, templates/moeblaze/sm90/
+// epilogue_store.cuh): dims {cols, 2^30, 2^31 - 1}, both outer strides one row, and the base
+// moved back 2^30 rows (unsigned wrap-around). A box stored at (col, 2^30 - n, r0 + n) writes
+// rows r0 .. r0 + n - 1 only: its rows from the n-th on lie at or past 2^30, outside the map.
+// (The addressing is the public "ragged TMA" construction, e.g. Triton's tools/ragged_tma.py.)
+struct RaggedMapParams {
+  CUdeviceptr base;     // the output's address minus 2^30 rows
+  uint64_t dims[3];
+  uint64_t strides[2];  // bytes: one row, one row
+  uint32_t box[3];      // {64 bf16, box_rows, 1}
+  uint32_t element_strides[3] = {1, 1, 1};
+};
+RaggedMapParams ragged_rows_map_params(CUdeviceptr base, int64_t rows, int64_t cols, int64_t ld, int box_rows,
+                                       const char* name);
+TmaMap encode_ragged_rows_map(CUdeviceptr base, int64_t rows, int64_t cols, int64_t ld, int box_rows, const char* name);
+
 // Rows of the box of a K-major weight map read by a [bn x parts]-row stage (gemm::TmaStageLoader):
 // bn, or in a cluster pair whose stage has one part (down_proj's W2, a plain activation's W1)
 // bn / cluster_m, since each block multicasts its half of the rows; a pair with two parts

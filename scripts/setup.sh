@@ -25,6 +25,22 @@ if ! python3 -c "import pytest" >/dev/null 2>&1; then
   echo "setup: installing pytest"
   python3 -m pip install -q pytest
 fi
+# CUTLASS's C++ headers (CuTe) for the kernel layer: the nvidia-cutlass package (PyPI), headers
+# only (its Python dependencies are not needed). Pinned with the library
+# (runtime/nvrtc_compiler.hpp kCutlassVersion).
+cutlass_version() {
+  python3 - <<'PY' 2>/dev/null
+import importlib.util, os, re
+spec = importlib.util.find_spec("cutlass_library")
+h = os.path.join(spec.submodule_search_locations[0], "source/include/cutlass/version.h")
+v = dict(re.findall(r"#define CUTLASS_(MAJOR|MINOR|PATCH) (\d+)", open(h).read()))
+print(f"{v['MAJOR']}.{v['MINOR']}.{v['PATCH']}")
+PY
+}
+if [ "$(cutlass_version)" != 4.2.0 ]; then
+  echo "setup: installing nvidia-cutlass 4.2.0.0 (headers)"
+  python3 -m pip install -q --no-deps "nvidia-cutlass==4.2.0.0"
+fi
 # torch (used on the CPU here) and transformers for the CPU tests of the transformers experts
 # backend (python/tests/test_hf.py): the versions of the GPU machine. PyPI's torch wheel is a
 # few GB with its CUDA libraries (minutes); MOEBLAZE_SKIP_TORCH=1 leaves both out (those tests

@@ -92,7 +92,8 @@ struct DownProjArgs {
   int slot_lo, slot_hi;  // slot_hi > 0: only the slots [slot_lo, slot_hi); h row = slot - slot_lo
   TmaMap tma_h;          // TMA tiles only: h as [rows of the h buffer, n], box [BM rows][64 k]
   const void* bias;      // BIAS layers: [E, d] bf16, added to o
-  TmaMap tma_o;          // TMA-store tiles only: o as [1][T*K][d], box [1][BM][64]
+  TmaMap tma_o;          // TMA-store tiles only: o as [1][T*K][d], box [1][BM][64]; kernel-layer tiles
+                         // (_cute): a ragged view of o (runtime/tma.hpp RaggedMapParams)
 };
 
 struct CombineArgs {     // y_t = sum_j g_tj * rows[token_index_map[t,j]]; also dx gather-sum

@@ -245,6 +245,7 @@ TEST_CASE("generator: each template header compiles on its own under NVRTC") {
       src.kernel_name = "header_alone";
       src.file_name = std::string("header_alone_") + t.name;
       src.text = fmt::format("#include \"{}\"\nextern \"C\" __global__ void header_alone() {{}}\n", t.name);
+      src.needs_cutlass = header_needs_cutlass(t.name);
       const CompiledKernel k = compile_kernel(src, CompileOptions{});
       CHECK(!k.cubin.empty());
     }
@@ -959,5 +960,59 @@ extern "C" __global__ void acc_rows() {}
         CHECK(b.compiled.ptx.find("cp.async.bulk.tensor.2d") != std::string::npos);
       }
     }
+  }
+}
+
+TEST_CASE("generator: the kernel layer's down_proj (_cute) compiles on the suite shapes, ping-pong and cooperative, alone and in pairs") {
+  auto cute_tile = [](TileConfig t, int cluster) {
+    t.tma_contiguous = t.tma_store = t.cute = true;
+    t.cluster_m = cluster;
+    return t;
+  };
+  const TileConfig pp = cute_tile(pingpong_tile(128, 128, 6), 1);
+  CHECK(pp.to_string() == "128x128x64_w4x1_s6_pingpong_tmacontig_tmastore_cute");
+  CHECK(pp.threads() == 384);
+  // Six stages, one 128 x 128 bf16 staging tile, 2 KiB of barriers and alignment.
+  CHECK(pp.smem_bytes(1) == 6 * 32 * 1024 + 32 * 1024 + 2048);
+  const LayerConfig ds = find_preset("deepseek-v3").layer;
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up, ds, pp, Arch::sm_90a}).find("down_proj so far") != std::string::npos);
+  TileConfig loads = pp;
+  loads.tma_store = false;
+  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, ds, loads, Arch::sm_90a}).find("_tmacontig_tmastore") !=
+        std::string::npos);
+  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, ds, cute_tile(pingpong_tile(128, 128, 7), 1), Arch::sm_90a})
+            .find("shared memory") != std::string::npos);
+  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, ds, cute_tile(pingpong_tile(128, 256, 3), 1), Arch::sm_90a})
+            .find("accumulator registers") != std::string::npos);
+  LayerConfig biased = ds;
+  biased.expert_bias = true;
+  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, biased, pp, Arch::sm_90a}).find("biases") != std::string::npos);
+  const GeneratedKernel g = generate(KernelSpec{KernelFamily::down_proj, ds, pp, Arch::sm_90a});
+  CHECK(g.source.needs_cutlass);
+  CHECK(g.source.text.find("moeblaze/sm90/down_proj.cuh") != std::string::npos);
+  CHECK_FALSE(generate(KernelSpec{KernelFamily::down_proj, ds, default_tile(KernelFamily::down_proj, ds, Arch::sm_90a),
+                                  Arch::sm_90a})
+                  .source.needs_cutlass);
+  // One layer a build (each kernel-layer kernel compiles for tens of seconds on two cores).
+  std::vector<KernelSpec> specs;
+  specs.push_back({KernelFamily::down_proj, ds, pp, Arch::sm_90a});
+  specs.push_back({KernelFamily::down_proj, ds, cute_tile(pingpong_tile(128, 128, 6), 2), Arch::sm_90a});
+  specs.push_back({KernelFamily::down_proj, ds, cute_tile(wgmma_tile(128, 256, 3, Mainloop::persistent), 1), Arch::sm_90a});
+  for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), s.tile.to_string(), legality_problem(s));
+  const auto built = compile_all(specs, 0, true);
+  check_compiled_without_spills(built);
+  for (const auto& b : built) {
+    INFO(b.compiled.kernel_name);
+    const std::string& ptx = b.compiled.ptx;
+    CHECK(ptx.find("wgmma.mma_async.sync.aligned.m64n") != std::string::npos);
+    CHECK(ptx.find("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes") != std::string::npos);
+    CHECK(ptx.find("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group") != std::string::npos);  // the ragged store
+    CHECK(ptx.find("stmatrix.sync.aligned") != std::string::npos);
+    CHECK(ptx.find("setmaxnreg.inc.sync.aligned.u32") != std::string::npos);
+    const bool pair = b.generated.spec.tile.cluster_m == 2;
+    CHECK((ptx.find(".multicast::cluster") != std::string::npos) == pair);
+    // The pair's consumers release the partner's stages with CTA-scope arrivals (no GPU-wide
+    // fence a k step).
+    CHECK(ptx.find("fence.acq_rel.gpu") == std::string::npos);
   }
 }

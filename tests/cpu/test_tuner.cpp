@@ -14,6 +14,7 @@
 #include "generator/heuristics.hpp"
 #include "runtime/cache_keys.hpp"
 #include "runtime/kernel_loader.hpp"
+#include "runtime/nvrtc_compiler.hpp"
 #include "tuner/candidates.hpp"
 #include "tuner/measure.hpp"
 #include "tuner/tuner.hpp"
@@ -423,4 +424,67 @@ TEST_CASE("tuner: down_dgrad defaults to the persistent 128x256 tile where its r
   // gate_grad sums down_dgrad's column tiles: same tile
   const LayerConfig gpt = find_preset("gpt-oss-20b").layer;
   CHECK(default_tile(KernelFamily::gate_grad, gpt, Arch::sm_90a) == default_tile(KernelFamily::down_dgrad, gpt, Arch::sm_90a));
+}
+
+TEST_CASE("loader: MOEBLAZE_TILES forces tiles for every layer a process loads, below LoadOptions::force") {
+  const LayerConfig layer = find_preset("qwen3-30b-a3b").layer;
+  const std::string device = "dev";
+  const TileConfig wgmma = wgmma_tile(128, 128, 3);
+  auto tile_of = [&](const std::vector<KernelSpec>& specs, KernelFamily f) {
+    for (const auto& s : specs)
+      if (s.family == f) return s.tile;
+    FAIL("family missing");
+    return TileConfig{};
+  };
+  const auto forced = parse_forced_tiles(" down_proj=128x128x64_w8x1_s3_wgmma,gate_up_wgrad=128x128x64_w8x1_s3_wgmma ", "x");
+  CHECK(forced.size() == 2);
+  CHECK(forced.at(KernelFamily::down_proj) == wgmma);
+  for (const char* bad : {"down_proj", "=128x128x64_w8x1_s3_wgmma", "nosuch=128x128x64_w8x1_s3_wgmma", "down_proj=12x"}) {
+    INFO(bad);
+    try {
+      parse_forced_tiles(bad, "MOEBLAZE_TILES");
+      FAIL("accepted");
+    } catch (const InvalidArgument& e) {
+      CHECK(std::string(e.what()).find("MOEBLAZE_TILES") != std::string::npos);
+    }
+  }
+  setenv("MOEBLAZE_TILES", "down_proj=128x128x64_w8x1_s3_wgmma", 1);
+  LoadReport r;
+  const auto specs = choose_tiles(layer, Arch::sm_90a, device, nullptr, LoadOptions{4096, "p", {}}, r);
+  CHECK(tile_of(specs, KernelFamily::down_proj) == wgmma);
+  for (const auto& k : r.kernels)
+    if (k.family == KernelFamily::down_proj) CHECK(k.tile_source == TileSource::forced);
+  // The caller's own force wins over the variable.
+  TileConfig other = wgmma_tile(128, 64, 3);
+  LoadReport r2;
+  const auto mine = choose_tiles(layer, Arch::sm_90a, device, nullptr, LoadOptions{4096, "p", {{KernelFamily::down_proj, other}}}, r2);
+  CHECK(tile_of(mine, KernelFamily::down_proj) == other);
+  // An illegal forced tile is an error naming the tile, not a silent default.
+  setenv("MOEBLAZE_TILES", "gate_up=128x128x64_w4x1_s6_pingpong_tmacontig_tmastore_cute", 1);
+  LoadReport r3;
+  CHECK_THROWS_AS(choose_tiles(layer, Arch::sm_90a, device, nullptr, LoadOptions{4096, "p", {}}, r3), InvalidArgument);
+  setenv("MOEBLAZE_TILES", "bogus", 1);
+  LoadReport r4;
+  CHECK_THROWS_AS(choose_tiles(layer, Arch::sm_90a, device, nullptr, LoadOptions{4096, "p", {}}, r4), InvalidArgument);
+  unsetenv("MOEBLAZE_TILES");
+}
+
+TEST_CASE("nvrtc: CUTLASS's headers are found by MOEBLAZE_CUTLASS_INCLUDE and must be the pinned release") {
+  const std::string saved = std::getenv("MOEBLAZE_CUTLASS_INCLUDE") ? std::getenv("MOEBLAZE_CUTLASS_INCLUDE") : "";
+  const auto dir = std::filesystem::temp_directory_path() / ("mb_cutlass_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir / "cutlass");
+  std::ofstream(dir / "cutlass" / "version.h") << "#define CUTLASS_MAJOR 3\n#define CUTLASS_MINOR 8\n#define CUTLASS_PATCH 0\n";
+  setenv("MOEBLAZE_CUTLASS_INCLUDE", dir.c_str(), 1);
+  // Another release there: skipped with the reason (the build-time default may still be found).
+  try {
+    const std::string found = find_cutlass_include_dir();
+    CHECK(found != dir.string());
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("CUTLASS 3.8.0, not 4.2.0") != std::string::npos);
+  }
+  std::ofstream(dir / "cutlass" / "version.h") << "#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 2\n#define CUTLASS_PATCH 0\n";
+  CHECK(find_cutlass_include_dir() == dir.string());
+  std::filesystem::remove_all(dir);
+  if (saved.empty()) unsetenv("MOEBLAZE_CUTLASS_INCLUDE");
+  else setenv("MOEBLAZE_CUTLASS_INCLUDE", saved.c_str(), 1);
 }

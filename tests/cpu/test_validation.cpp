@@ -265,6 +265,31 @@ TEST_CASE("validation: TMA-store output maps view [E, rows, cols] in 3-D with [1
   expect_invalid([] { output_map_params(kFakeBase, 8, 64, 64, 64, 300, "dw2"); }, "tile");       // box rows <= 256
 }
 
+TEST_CASE("validation: ragged row maps clip a box at the group's last row by their coordinates alone") {
+  // deepseek-v3's o: 131072 slots of 7168 columns.
+  const RaggedMapParams p = ragged_rows_map_params(kFakeBase, 131072, 7168, 7168, 128, "o");
+  const uint64_t row = 7168 * 2, big = uint64_t{1} << 30;
+  CHECK(p.dims[0] == 7168);
+  CHECK(p.dims[1] == big);
+  CHECK(p.dims[2] == (uint64_t{1} << 31) - 1);
+  CHECK(p.strides[0] == row);
+  CHECK(p.strides[1] == row);
+  CHECK(p.box[0] == 64);
+  CHECK(p.box[1] == 128);
+  CHECK(p.box[2] == 1);
+  // The store epilogue's box for rows [r0, r0 + n) sits at (c, 2^30 - n, r0 + n): its row i lands
+  // on base + (r0 + i) rows, and rows i >= n have a coordinate at or past 2^30 (clipped).
+  for (uint64_t r0 : {uint64_t{0}, uint64_t{517}, uint64_t{131071}})
+    for (uint64_t n : {uint64_t{1}, uint64_t{77}, uint64_t{128}}) {
+      const uint64_t y = big - n, z = r0 + n;
+      for (uint64_t i : {uint64_t{0}, n - 1}) CHECK(p.base + (y + i) * row + z * row == kFakeBase + (r0 + i) * row);
+      CHECK(y + n == big);  // the first clipped row
+    }
+  expect_invalid([] { ragged_rows_map_params(kFakeBase + 2, 64, 64, 64, 128, "o"); }, "o");   // 16-byte alignment
+  expect_invalid([] { ragged_rows_map_params(kFakeBase, 64, 64, 68, 128, "o"); }, "o");       // row bytes % 16
+  expect_invalid([] { ragged_rows_map_params(kFakeBase, int64_t{1} << 30, 64, 64, 128, "o"); }, "o");  // rows < 2^30
+}
+
 TEST_CASE("validation: wide-h layers run the forward in slot chunks and the down backward in column chunks") {
   const LayerConfig mixtral = layer(8, 2, 4096, 14336), qwen = layer(128, 8, 2048, 768), wide_many = layer(128, 8, 1024, 4096);
   CHECK(forward_chunks(mixtral) == 4);   // n/d = 3.5

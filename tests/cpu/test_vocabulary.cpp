@@ -58,6 +58,12 @@ TEST_CASE("vocabulary: every tile kind writes its name and reads it back") {
       {tile(128, 256, 4, Mainloop::persistent, true, false, false, 2), "128x256x64_w8x1_s4_persist_tmacontig_cluster2x1"},
       {tile(64, 256, 5, Mainloop::pingpong, true, false, true, 2),
        "64x256x64_w4x1_s5_pingpong_tmacontig_altorder_cluster2x1"},
+      {[] {
+         TileConfig t = tile(128, 128, 6, Mainloop::pingpong, true, true, false, 2);
+         t.cute = true;
+         return t;
+       }(),
+       "128x128x64_w4x1_s6_pingpong_tmacontig_tmastore_cluster2x1_cute"},
   };
   for (const auto& [t, name] : names) {
     INFO(name);

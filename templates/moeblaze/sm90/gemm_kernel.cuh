@@ -1,0 +1,118 @@
+// The one kernel skeleton of the layer (after CUTLASS's sm90 warp-specialised ping-pong and
+// cooperative kernels): a persistent block of one producer warpgroup and two consumer
+// warpgroups over a Problem (which tile a block computes, where its operands and output are),
+// a Mainloop and an Epilogue, whose shared storage it composes.
+//
+// Problem: Args; Tile problem_tile(args, index, rank) with .valid; TmaOperands operands(args,
+// tile); RaggedTile output(args, tile); K_TILES (k steps a tile). Tiles are numbered 0, 1, ...
+// in schedule order until the first invalid one; cluster c (a block, or a pair along M) takes
+// c, c + clusters, ...; in a pair, tile `index` is the pair's and `rank` picks the block's half
+// (a half past the group's rows still loads its share of B and stores nothing).
+#pragma once
+#include "moeblaze/sm90/config.cuh"
+#include "moeblaze/sm90/epilogue_store.cuh"
+#include "moeblaze/sm90/mainloop_tma.cuh"
+
+namespace moeblaze::sm90 {
+
+template <class Cfg, class Mainloop, class Epilogue>
+struct alignas(1024) KernelStorage {
+  typename Mainloop::Storage mainloop;
+  typename Epilogue::Storage epilogue;
+  typename Cfg::Pipeline::SharedStorage pipeline;
+  typename Cfg::OrderBarrier::SharedStorage order;
+};
+
+// Dynamic shared memory a kernel of this config takes (the host reserves the same:
+// generator TileConfig::smem_bytes): the stages, the staging tile, 1 KiB of barriers and 1 KiB
+// to align the base to the swizzle atoms' 1024 bytes.
+template <class Cfg>
+constexpr int kernel_smem_bytes() {
+  return Cfg::STAGES * Cfg::STAGE_BYTES + Cfg::D_BYTES + 2048;
+}
+
+template <class Cfg, class Problem, class Mainloop = TmaMainloop<Cfg>, class Epilogue = TmaStoreEpilogue<Cfg>>
+MB_DEV void gemm_kernel(const typename Problem::Args& args) {
+  using Storage = KernelStorage<Cfg, Mainloop, Epilogue>;
+  using Pipeline = typename Cfg::Pipeline;
+  using State = typename Cfg::PipelineState;
+  static_assert(sizeof(Storage) + 1024 <= kernel_smem_bytes<Cfg>(), "shared storage exceeds the host's reservation");
+
+  extern __shared__ __align__(128) unsigned char kernel_smem[];
+  Storage& s = *reinterpret_cast<Storage*>((reinterpret_cast<unsigned long long>(kernel_smem) + 1023) & ~1023ull);
+
+  const int warp_group = cutlass::canonical_warp_group_idx();
+  const int warp = cutlass::canonical_warp_idx_sync();
+
+  typename Pipeline::Params pp;
+  pp.transaction_bytes = Cfg::STAGE_BYTES;
+  pp.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  pp.is_leader = threadIdx.x == 0;
+  pp.num_consumers = Cfg::TILE_THREADS;  // the threads that consume (and release) a stage
+  Pipeline pipeline(s.pipeline, pp, typename Cfg::ClusterShape{});
+  typename Cfg::OrderBarrier::Params op;
+  op.group_id = warp_group == 2 ? 1 : 0;
+  op.group_size = 128;
+  typename Cfg::OrderBarrier order(s.order, op);
+  // Barriers initialised before any role uses them (in a pair: before the other block's
+  // multicasts and arrivals reach them).
+  if constexpr (Cfg::CLUSTER_M > 1) {
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
+  } else {
+    __syncthreads();
+  }
+  const int rank = Cfg::CLUSTER_M > 1 ? static_cast<int>(cute::block_rank_in_cluster()) : 0;
+  const int first = blockIdx.x / Cfg::CLUSTER_M, clusters = gridDim.x / Cfg::CLUSTER_M;
+
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Cfg::PRODUCER_REGS>();
+    if (warp == 0 && cute::elect_one_sync()) {
+      State write = cutlass::make_producer_start_state<Pipeline>();
+      for (int index = first;; index += clusters) {
+        const auto tile = Problem::problem_tile(args, index, rank);
+        if (!tile.valid) break;
+        Mainloop::load(pipeline, write, s.mainloop, Problem::operands(args, tile), rank);
+      }
+      // A pair's block leaves only once both blocks' consumers released every stage: no
+      // multicast or remote arrival can reach its shared memory afterwards.
+      if constexpr (Cfg::CLUSTER_M > 1) pipeline.producer_tail(write);
+    }
+    return;
+  }
+
+  cutlass::arch::warpgroup_reg_alloc<Cfg::CONSUMER_REGS>();
+  State read;  // stage 0, phase 0
+  if constexpr (Cfg::PINGPONG) {
+    // Group g computes the block's tiles g, g + 2, ...; its stages follow the other group's.
+    const int group = warp_group - 1, thread_idx = threadIdx.x % 128;
+    if (group == 1) read.advance(Problem::K_TILES);
+    for (int index = first + group * clusters;; index += 2 * clusters) {
+      const auto tile = Problem::problem_tile(args, index, rank);
+      if (!tile.valid) break;
+      auto acc = Mainloop::make_accumulator();
+      order.wait();
+      Mainloop::mma(pipeline, read, s.mainloop, acc, Problem::K_TILES, thread_idx);
+      order.arrive();  // the other group's mainloop may start
+      Mainloop::finish(pipeline, read, acc);
+      read.advance(Problem::K_TILES);  // past the other group's tile
+      order.wait();
+      Epilogue::store(s.epilogue, acc, thread_idx, group, Problem::output(args, tile));
+      order.arrive();  // the staging tile is the other group's
+    }
+    Epilogue::drain(thread_idx);
+  } else {
+    const int thread_idx = threadIdx.x - 128;
+    for (int index = first;; index += clusters) {
+      const auto tile = Problem::problem_tile(args, index, rank);
+      if (!tile.valid) break;
+      auto acc = Mainloop::make_accumulator();
+      Mainloop::mma(pipeline, read, s.mainloop, acc, Problem::K_TILES, thread_idx);
+      Mainloop::finish(pipeline, read, acc);
+      Epilogue::store(s.epilogue, acc, thread_idx, 0, Problem::output(args, tile));
+    }
+    Epilogue::drain(thread_idx);
+  }
+}
+
+}  // namespace moeblaze::sm90
