@@ -15,32 +15,15 @@ pytest.importorskip("torchtitan")
 import moeblaze  # noqa: E402
 import moeblaze.torch as mbt  # noqa: E402
 import moeblaze.torchtitan as mtt  # noqa: E402
-from moeblaze.reference import moe as ref_moe  # noqa: E402
 from torchtitan.config.override import OverrideConfig, apply_overrides  # noqa: E402
 from torchtitan.models.common.moe import GroupedExperts, RoutedExperts  # noqa: E402
 
-from titan_configs import ROUTERS, build_moe, moe_config  # noqa: E402
+from titan_configs import ROUTERS, ReferenceKernels, build_moe, moe_config  # noqa: E402
 
 
 def rel(a, b):
     a, b = a.detach().double(), b.detach().double()
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-
-
-class ReferenceKernels:
-    """Stands in for moeblaze.torch.moe on the CPU: the reference layer on the arguments the
-    adapter passes, which it records."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, x, w1, w3, w2, *, topk_ids, topk_weights, activation, checkpoint, **kw):
-        assert not kw, kw
-        self.calls.append(dict(x=x, w1=w1, w3=w3, w2=w2, ids=topk_ids, weights=topk_weights, activation=activation,
-                               checkpoint=checkpoint))
-        y = ref_moe(x, topk_ids, topk_weights, w1, w3, w2, activation).to(x.dtype)
-        counts = torch.bincount(topk_ids.flatten().long(), minlength=w1.shape[0]).int()
-        return mbt.MoEOutput(y, counts, torch.empty(0))
 
 
 @pytest.fixture

@@ -6,6 +6,8 @@ with node-limited groups, a route scale, the load-balancing expert bias and a sh
 from functools import partial
 
 import torch
+import moeblaze.torch as mbt
+from moeblaze.reference import moe as ref_moe
 from torchtitan.models.common.config_utils import (make_ffn_config, make_moe_config, make_routed_experts_config,
                                                    make_router_config)
 
@@ -50,3 +52,20 @@ def build_moe(cfg, seed: int = 0, device="cpu", dtype=torch.float32):
             moe.expert_bias_E.copy_(torch.randn(moe.expert_bias_E.shape, generator=torch.Generator().manual_seed(7))
                                     * 0.1)
     return moe.to(device=device, dtype=dtype)
+
+
+class ReferenceKernels:
+    """Stands in for moeblaze.torch.moe (patched over it): the reference layer, float32 math,
+    on the arguments the adapter passes, which it records. On the CPU it replaces the kernels;
+    on the GPU it is the higher-precision reference."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, x, w1, w3, w2, *, topk_ids, topk_weights, activation, checkpoint, **kw):
+        assert not kw, kw
+        self.calls.append(dict(x=x, w1=w1, w3=w3, w2=w2, ids=topk_ids, weights=topk_weights, activation=activation,
+                               checkpoint=checkpoint))
+        y = ref_moe(x, topk_ids, topk_weights, w1, w3, w2, activation).to(x.dtype)
+        counts = torch.bincount(topk_ids.flatten().long(), minlength=w1.shape[0]).int()
+        return mbt.MoEOutput(y, counts, torch.empty(0))
