@@ -50,6 +50,16 @@ if [ "${MOEBLAZE_SKIP_TORCH:-0}" != 1 ] && ! python3 -c "import torch, transform
   python3 -m pip install -q "torch==2.11.0" "transformers==5.17.0"
 fi
 
+# torchtitan and megatron-core for the CPU tests of moeblaze.torchtitan and moeblaze.megatron
+# (python/tests/test_torchtitan.py, test_megatron.py). Without their declared dependencies
+# (datasets, wandb, tokenizers, ...: not imported by the modules the tests use, and pip could
+# replace the installed torch); torchtitan's pinned spmd_types and tyro are what it imports.
+if [ "${MOEBLAZE_SKIP_TORCH:-0}" != 1 ] && ! python3 -c "import torchtitan.models.common.moe, megatron.core" >/dev/null 2>&1; then
+  echo "setup: installing torchtitan 0.3.0 and megatron-core 0.16.1 (PyPI, without their dependencies)"
+  python3 -m pip install -q --no-deps "torchtitan==0.3.0" "spmd_types==0.2.3" "megatron-core==0.16.1"
+  python3 -m pip install -q "tyro==1.0.17"
+fi
+
 CUDA_ROOT=${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}
 if [ ! -f "$CUDA_ROOT/include/cuda_bf16.h" ]; then
   echo "setup: the CUDA 13 toolkit was not found at $CUDA_ROOT (set CUDA_HOME)" >&2
