@@ -8,7 +8,7 @@
 #   3. the Python GPU tests: the package's (python/tests/test_torch_gpu.py) and the
 #      transformers backend's (python/tests/test_hf_gpu.py: per-family parity, FSDP2,
 #      torch.compile, CUDA graph step, gradient accumulation)
-#   4. examples/train_moe.py (eager vs moeblaze: tokens/s, peak, loss curves) into $OUT/train_moe
+#   4. examples/train_moe.py (grouped_mm, eager and moeblaze: tokens/s, peak, loss curves) into $OUT/train_moe
 #   5. bench/accumulate.py (deepseek-v3 layer, 22.5 GB of weight gradients) into $OUT/accumulate.json
 # SKIP=gpu,grad,pytest,train,accumulate (comma-separated) leaves those steps out.
 set -u
