@@ -8,9 +8,12 @@
 #   3. the Python GPU tests: the package's (python/tests/test_torch_gpu.py) and the
 #      transformers backend's (python/tests/test_hf_gpu.py: per-family parity, FSDP2,
 #      torch.compile, CUDA graph step, gradient accumulation)
+#   3b. the torchtitan and Megatron adapters' GPU tests (python/tests/test_torchtitan_gpu.py,
+#      test_megatron_gpu.py), with torchtitan and megatron-core installed from build-wheels/
+#      when it was carried (scripts/stack_wheels.sh fills it; the GPU machine reaches no registry)
 #   4. examples/train_moe.py (grouped_mm, eager and moeblaze: tokens/s, peak, loss curves) into $OUT/train_moe
 #   5. bench/accumulate.py (deepseek-v3 layer, 22.5 GB of weight gradients) into $OUT/accumulate.json
-# SKIP=gpu,grad,pytest,train,accumulate (comma-separated) leaves those steps out.
+# SKIP=gpu,grad,pytest,stacks,train,accumulate (comma-separated) leaves those steps out.
 set -u
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -36,6 +39,11 @@ step grad_gpt-oss-20b_hf 240 $BIN/moeblaze grad-check --preset gpt-oss-20b --rou
 step grad_deepseek-v3_fused 300 $BIN/moeblaze grad-check --preset deepseek-v3 --weight-layout fused
 step pytest_torch 300 python3 -m pytest -q -p no:cacheprovider python/tests/test_torch_gpu.py
 step pytest_hf 600 python3 -m pytest -q -p no:cacheprovider -rs python/tests/test_hf_gpu.py
+if [ -d build-wheels ] && ! python3 -c "import torchtitan, megatron.core" >/dev/null 2>&1; then
+  python3 -m pip install -q --no-deps --no-index build-wheels/*.whl
+fi
+step stacks_pytest 300 python3 -m pytest -q -p no:cacheprovider -rs python/tests/test_torchtitan_gpu.py \
+  python/tests/test_megatron_gpu.py
 step train_moe 300 python3 examples/train_moe.py --out "$OUT/train_moe"
 step accumulate 400 python3 bench/accumulate.py --json "$OUT/accumulate.json"
 exit $status
