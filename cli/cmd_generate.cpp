@@ -4,13 +4,18 @@
 #include <filesystem>
 #include <fstream>
 
+#include "cache/kernel_cache.hpp"
 #include "cli/commands.hpp"
 #include "core/errors.hpp"
 #include "generator/heuristics.hpp"
+#include "runtime/kernel_build.hpp"
 #include "runtime/kernel_set.hpp"
 #include "runtime/nvrtc_compiler.hpp"
 
 namespace moeblaze::cli {
+
+std::string cache_path_option(const std::string& db);  // cmd_cache.cpp
+
 namespace {
 
 // The tensor-core instruction a kernel's PTX uses: "wgmma", "mma.sync" or "-".
@@ -61,6 +66,7 @@ Command generate_command() {
     bool json = false, show_source = false, check_only = false;
     std::vector<std::string> tiles;
     std::string ptx_dir;
+    std::string db;
   };
   auto st = std::make_shared<State>();
   Command c;
@@ -76,6 +82,9 @@ Command generate_command() {
     st->app->add_flag("--source", st->show_source, "print each generated instantiation source");
     st->app->add_option("--tile", st->tiles, "FAMILY=TILE: another tile for a family (e.g. gate_up=128x128x64_w8x1_s3_wgmma)");
     st->app->add_option("--ptx-dir", st->ptx_dir, "write each kernel's PTX to DIR/<kernel>.ptx (created if missing)");
+    st->app->add_option("--db", st->db,
+                        "also store each kernel in this cache file, taking those already there from it (fills a cache on a "
+                        "machine without a GPU for one that has no toolkit or fewer cores)");
     st->app->add_flag("--check-only", st->check_only,
                       "check that every kernel's tile is legal for the layer and generate its source, without "
                       "compiling (fast; what tools/gpu_run.sh --dry-run runs)");
@@ -115,7 +124,13 @@ Command generate_command() {
         throw InvalidArgument("--ptx-dir", fmt::format("'{}' is not a folder that can be created ({})", st->ptx_dir,
                                                        ec ? ec.message() : "a file is in the way"));
     }
-    const auto built = compile_all(specs, 0, true);
+    std::vector<BuiltKernel> built;
+    if (st->db.empty()) {
+      built = compile_all(specs, 0, true);
+    } else {
+      KernelCache cache(cache_path_option(st->db));
+      built = build_all(specs, BuildOptions{&cache, 0, !st->ptx_dir.empty()});
+    }
     for (const auto& b : built) {
       if (st->ptx_dir.empty()) break;
       const auto path = std::filesystem::path(st->ptx_dir) / (b.compiled.kernel_name + ".ptx");

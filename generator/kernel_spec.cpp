@@ -356,7 +356,10 @@ namespace {
 // and the parts built so far can run.
 std::string kernel_layer_problem(const KernelSpec& spec, int max_smem_bytes) {
   const TileConfig& t = spec.tile;
-  if (spec.family != KernelFamily::down_proj) return "the kernel layer (_cute) runs down_proj so far";
+  if (spec.family != KernelFamily::down_proj && spec.family != KernelFamily::gate_up_dgrad)
+    return "the kernel layer (_cute) runs down_proj and gate_up_dgrad so far";
+  if (spec.family == KernelFamily::gate_up_dgrad && spec.layer.shape.ffn % 64)
+    return "kernel-layer gate_up_dgrad tiles need n % 64 == 0 (W1/W3 k stages inside one matrix)";
   if (!t.persistent()) return "kernel-layer tiles are persistent: ping-pong (_pingpong) or cooperative (_persist)";
   if (!t.tma_contiguous || !t.tma_store || t.tma_store_blocks)
     return "kernel-layer tiles load both operands by TMA and store the tile by TMA (_tmacontig_tmastore)";
@@ -373,7 +376,8 @@ std::string kernel_layer_problem(const KernelSpec& spec, int max_smem_bytes) {
   if (t.bn % 64 || t.bn > 256) return "kernel-layer bn must be 64, 128, 192 or 256 (64-column TMA store boxes)";
   const int acc = t.bm * t.bn / (t.pingpong() ? 128 : 256);
   if (acc > 192) return fmt::format("{} accumulator registers per thread is too many (at most 192)", acc);
-  if (spec.layer.expert_bias) return "the kernel layer's down_proj does not add expert biases yet";
+  if (spec.layer.expert_bias && spec.family == KernelFamily::down_proj)
+    return "the kernel layer's down_proj does not add expert biases yet";
   if (spec.layer.shape.hidden % 8) return "TMA stores need output rows of a multiple of 8 elements (16 bytes)";
   if (t.smem_bytes(1) > max_smem_bytes)
     return fmt::format("{} bytes of shared memory exceeds {}", t.smem_bytes(1), max_smem_bytes);
@@ -495,11 +499,17 @@ GeneratedKernel generate(const KernelSpec& spec) {
   if (is_tiled(spec.family) && spec.tile.cute) {
     const TileConfig& t = spec.tile;
     const MoeShape& m = spec.layer.shape;
-    header = "moeblaze/sm90/down_proj.cuh";
-    function = "moeblaze::sm90::down_proj";
-    targs = fmt::format("moeblaze::sm90::KernelConfig<{}, {}, {}, moeblaze::sm90::Schedule::{}, {}>, {}, {}, {}, {}", t.bm,
-                        t.bn, t.stages, t.pingpong() ? "pingpong" : "cooperative", t.cluster_m, m.experts, m.hidden,
-                        m.ffn, t.alt_order ? "true" : "false");
+    // The family's problem policy and the majors of its operands (sm90/config.cuh Major).
+    const bool dgrad = spec.family == KernelFamily::gate_up_dgrad;
+    header = dgrad ? "moeblaze/sm90/gate_up_dgrad.cuh" : "moeblaze/sm90/down_proj.cuh";
+    function = dgrad ? "moeblaze::sm90::gate_up_dgrad" : "moeblaze::sm90::down_proj";
+    const std::string cfg = fmt::format(
+        "moeblaze::sm90::KernelConfig<{}, {}, {}, moeblaze::sm90::Schedule::{}, {}, moeblaze::sm90::Major::k, "
+        "moeblaze::sm90::Major::{}>",
+        t.bm, t.bn, t.stages, t.pingpong() ? "pingpong" : "cooperative", t.cluster_m, dgrad ? "mn" : "k");
+    targs = dgrad ? fmt::format("{}, {}, {}, {}, {}, {}, {}", cfg, m.experts, m.hidden, m.ffn,
+                                activation_literal(spec.layer.activation), spec.layer.w1_rows(), t.alt_order ? "true" : "false")
+                  : fmt::format("{}, {}, {}, {}, {}", cfg, m.experts, m.hidden, m.ffn, t.alt_order ? "true" : "false");
     g.source.needs_cutlass = header_needs_cutlass(header);
     g.threads = t.threads();
     g.dynamic_smem = t.smem_bytes(1);

@@ -92,7 +92,7 @@ struct TileConfig {
   // The kernel layer on CuTe (templates/moeblaze/sm90/: one skeleton over a mainloop, an
   // epilogue and a problem policy) instead of the hand-written mainloops ("_cute"). Ping-pong
   // (_pingpong) or cooperative (_persist) persistent tiles, both operands by TMA
-  // (_tmacontig), the output by ragged TMA stores (_tmastore); down_proj so far.
+  // (_tmacontig), the output by ragged TMA stores (_tmastore); down_proj and gate_up_dgrad so far.
   bool cute = false;
   bool wgmma() const { return uses_wgmma(mainloop); }
   bool warp_specialized() const { return is_warp_specialized(mainloop); }

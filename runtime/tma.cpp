@@ -164,7 +164,9 @@ void attach_output_map(DownProjArgs& down, const TileConfig& t, const LayerConfi
   else if (t.tma_store) down.tma_o = slot_rows_map(down.o, t, l, slots, "o");
 }
 void attach_output_map(GateUpDgradArgs& ud, const TileConfig& t, const LayerConfig& l, int64_t slots) {
-  if (t.tma_store) ud.tma_dxs = slot_rows_map(ud.dxs, t, l, slots, "dxs");
+  if (t.cute) ud.tma_dxs = encode_ragged_rows_map(reinterpret_cast<CUdeviceptr>(ud.dxs), slots, l.shape.hidden,
+                                                  l.shape.hidden, t.bm, "dxs");
+  else if (t.tma_store) ud.tma_dxs = slot_rows_map(ud.dxs, t, l, slots, "dxs");
 }
 // gate_up_wgrad reads dH (A: [T*K, G*n]), down_wgrad hg (B: [T*K, cols], rows ld apart) by TMA.
 void attach_dh_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols) {

@@ -963,7 +963,7 @@ extern "C" __global__ void acc_rows() {}
   }
 }
 
-TEST_CASE("generator: the kernel layer's down_proj (_cute) compiles on the suite shapes, ping-pong and cooperative, alone and in pairs") {
+TEST_CASE("generator: the kernel layer's down_proj and gate_up_dgrad (_cute) compile, ping-pong and cooperative, alone and in pairs") {
   auto cute_tile = [](TileConfig t, int cluster) {
     t.tma_contiguous = t.tma_store = t.cute = true;
     t.cluster_m = cluster;
@@ -975,7 +975,7 @@ TEST_CASE("generator: the kernel layer's down_proj (_cute) compiles on the suite
   // Six stages, one 128 x 128 bf16 staging tile, 2 KiB of barriers and alignment.
   CHECK(pp.smem_bytes(1) == 6 * 32 * 1024 + 32 * 1024 + 2048);
   const LayerConfig ds = find_preset("deepseek-v3").layer;
-  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up, ds, pp, Arch::sm_90a}).find("down_proj so far") != std::string::npos);
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up, ds, pp, Arch::sm_90a}).find("down_proj and gate_up_dgrad so far") != std::string::npos);
   TileConfig loads = pp;
   loads.tma_store = false;
   CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, ds, loads, Arch::sm_90a}).find("_tmacontig_tmastore") !=
@@ -998,6 +998,12 @@ TEST_CASE("generator: the kernel layer's down_proj (_cute) compiles on the suite
   specs.push_back({KernelFamily::down_proj, ds, pp, Arch::sm_90a});
   specs.push_back({KernelFamily::down_proj, ds, cute_tile(pingpong_tile(128, 128, 6), 2), Arch::sm_90a});
   specs.push_back({KernelFamily::down_proj, ds, cute_tile(wgmma_tile(128, 256, 3, Mainloop::persistent), 1), Arch::sm_90a});
+  // gate_up_dgrad: the same skeleton with an MN-major B (W1_e then W3_e k rows in [64][64] boxes).
+  specs.push_back({KernelFamily::gate_up_dgrad, ds, pp, Arch::sm_90a});
+  specs.push_back({KernelFamily::gate_up_dgrad, ds, cute_tile(wgmma_tile(128, 256, 3, Mainloop::persistent), 2), Arch::sm_90a});
+  LayerConfig odd_n = ds;
+  odd_n.shape.ffn = 2048 + 32;
+  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up_dgrad, odd_n, pp, Arch::sm_90a}).find("n % 64") != std::string::npos);
   for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), s.tile.to_string(), legality_problem(s));
   const auto built = compile_all(specs, 0, true);
   check_compiled_without_spills(built);

@@ -26,10 +26,30 @@ using Accum = float;
 enum class Schedule : int { pingpong = 0, cooperative = 1 };
 
 // BM x BN output tiles, BK = 64 (one 128-byte swizzle span of bf16 a row), STAGES operand stages.
+// Which dimension of an operand is contiguous in memory: k (K-major: [rows][k], e.g. h, the
+// weights of down_proj) or its M / N (MN-major: [k][columns], e.g. W1 read by gate_up_dgrad).
+enum class Major : int { k = 0, mn = 1 };
+
+template <Major M>
+constexpr cute::GMMA::Major gmma_major() {
+  return M == Major::k ? cute::GMMA::Major::K : cute::GMMA::Major::MN;
+}
+
+// An operand's stages in the 128-byte swizzle: ROWS x 64 per stage. K-major: [rows][64] (a TMA
+// box of [rows][64]); MN-major: 64-column blocks of [64 k][64] one after the other (boxes of
+// [64][64]), which is what ordering K before MN in tile_to_shape lays out.
+template <Major M, int ROWS, int STAGES>
+using StageLayout = decltype(cute::tile_to_shape(
+    cute::conditional_t<M == Major::k, cute::GMMA::Layout_K_SW128_Atom<Element>, cute::GMMA::Layout_MN_SW128_Atom<Element>>{},
+    cute::make_shape(cute::Int<ROWS>{}, cute::_64{}, cute::Int<STAGES>{}),
+    cute::conditional_t<M == Major::k, cute::Step<cute::_1, cute::_2, cute::_3>, cute::Step<cute::_2, cute::_1, cute::_3>>{}));
+
 // CLUSTER_M: blocks per cluster along M (1 or 2). A pair computes two M tiles of one N tile and
-// shares their B stages: each block loads half of B's rows by TMA multicast into both.
-template <int BM_, int BN_, int STAGES_, Schedule SCHEDULE_, int CLUSTER_M_ = 1>
+// shares their B stages: each block loads half of B by TMA multicast into both.
+template <int BM_, int BN_, int STAGES_, Schedule SCHEDULE_, int CLUSTER_M_ = 1, Major MAJOR_A_ = Major::k,
+          Major MAJOR_B_ = Major::k>
 struct KernelConfig {
+  static constexpr Major MAJOR_A = MAJOR_A_, MAJOR_B = MAJOR_B_;
   static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_;
   static constexpr Schedule SCHEDULE = SCHEDULE_;
   static constexpr int CLUSTER_M = CLUSTER_M_;
@@ -53,18 +73,17 @@ struct KernelConfig {
   // One m64 x BN wgmma atom; cooperative tiles stack one atom per warpgroup along M.
   using MmaOp = decltype(cute::GMMA::ss_op_selector<Element, Element, Accum,
                                                     cute::Shape<cute::_64, cute::Int<BN>, cute::Int<BK>>,
-                                                    cute::GMMA::Major::K, cute::GMMA::Major::K>());
+                                                    gmma_major<MAJOR_A>(), gmma_major<MAJOR_B>()>());
   using AtomLayout = cute::Layout<cute::Shape<cute::Int<PINGPONG ? 1 : 2>, cute::_1, cute::_1>>;
   using TiledMma = decltype(cute::make_tiled_mma(MmaOp{}, AtomLayout{}));
 
-  // K-major operand stages in the 128-byte swizzle: [rows][64] bf16, exactly a TMA box's layout.
-  using SwizzleAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
-  using SmemLayoutA = decltype(cute::tile_to_shape(
-      SwizzleAtom{}, cute::make_shape(cute::Int<BM>{}, cute::Int<BK>{}, cute::Int<STAGES>{})));
-  using SmemLayoutB = decltype(cute::tile_to_shape(
-      SwizzleAtom{}, cute::make_shape(cute::Int<BN>{}, cute::Int<BK>{}, cute::Int<STAGES>{})));
+  using SmemLayoutA = StageLayout<MAJOR_A, BM, STAGES>;
+  using SmemLayoutB = StageLayout<MAJOR_B, BN, STAGES>;
+  static_assert(MAJOR_A == Major::k || BM % 64 == 0, "MN-major stages are whole 64-column blocks");
+  static_assert(MAJOR_B == Major::k || BN % 64 == 0, "MN-major stages are whole 64-column blocks");
   // The output tile staged for TMA stores: BN / 64 boxes of [BM][64], one after the other.
-  using SmemLayoutD = decltype(cute::tile_to_shape(SwizzleAtom{}, cute::make_shape(cute::Int<BM>{}, cute::Int<BN>{})));
+  using SmemLayoutD = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<Element>{},
+                                                   cute::make_shape(cute::Int<BM>{}, cute::Int<BN>{})));
 
   static constexpr int A_STAGE_BYTES = BM * BK * 2, B_STAGE_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;

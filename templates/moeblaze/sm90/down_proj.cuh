@@ -1,39 +1,27 @@
-// down_proj on the kernel layer: o = h W2_e^T per slot, both operands by TMA (h's rows of the
-// tile, W2_e's rows of the N tile), o stored by ragged TMA boxes. The problem policy names the
-// tile schedule and where the operands and the output are; gemm_kernel does the rest.
+// down_proj on the kernel layer: o = h W2_e^T per slot. A = h's rows of the tile and B = W2_e's
+// rows of the N tile, both K-major by TMA; o leaves by ragged TMA stores. The problem policy
+// names the schedule and where the operands and the output are; gemm_kernel does the rest.
 #pragma once
-#include "moeblaze/gemm/scheduler/tile_schedule.cuh"
 #include "moeblaze/kernel_args.cuh"
 #include "moeblaze/sm90/gemm_kernel.cuh"
+#include "moeblaze/sm90/slot_tiles.cuh"
 
 namespace moeblaze::sm90 {
 
 template <class Cfg, int E, int D, int N, bool ALT_ORDER>
 struct DownProjProblem {
   using Args = DownProjArgs;
-  static constexpr int K_TILES = (N + Cfg::BK - 1) / Cfg::BK;
-  using Tile = gemm::SlotTile;
+  static constexpr int K_TILES = (N + 63) / 64;  // TMA zero-fills past n
 
-  // A cluster pair's tile is 2 BM rows of one expert; block `rank` takes rows [rank BM, +BM).
-  static MB_DEV Tile problem_tile(const Args& p, int index, int rank) {
-    constexpr int ROWS = Cfg::BM * Cfg::CLUSTER_M;
-    Tile t = p.slot_hi > 0 ? gemm::chunk_slot_tile<ROWS, Cfg::BN, E, D, ALT_ORDER>(index, p.rv.expert_token_offsets,
-                                                                                 p.slot_lo, p.slot_hi)
-                           : gemm::slot_tile<ROWS, Cfg::BN, E, D, ALT_ORDER>(index, p.rv.tile_prefix,
-                                                                            p.rv.expert_token_offsets);
-    if constexpr (Cfg::CLUSTER_M > 1) {
-      t.slot0 += rank * Cfg::BM;
-      t.rows = t.rows - rank * Cfg::BM;
-      t.rows = t.rows < 0 ? 0 : t.rows > Cfg::BM ? Cfg::BM : t.rows;
-    }
-    return t;
+  static MB_DEV gemm::SlotTile problem_tile(const Args& p, int index, int rank) {
+    return slot_pair_tile<Cfg, E, D, ALT_ORDER>(p.rv, index, rank, p.slot_lo, p.slot_hi);
   }
   // h rows from the h buffer's start (a forward chunk's h holds its slots from row 0); rows
   // past the tile's feed output rows the store clips. W2 as [E*d, n]: rows e*d + n0.
-  static MB_DEV TmaOperands operands(const Args& p, const Tile& t) {
-    return {&p.tma_h, t.slot0 - p.slot_lo, &p.tma_w2, t.expert * D + t.n0, K_TILES};
+  static MB_DEV auto operands(const Args& p, const gemm::SlotTile& t) {
+    return tma_operands(TmaRowsK{&p.tma_h, t.slot0 - p.slot_lo}, TmaRowsK{&p.tma_w2, t.expert * D + t.n0}, K_TILES);
   }
-  static MB_DEV RaggedTile output(const Args& p, const Tile& t) { return {&p.tma_o, t.n0, t.slot0, t.rows}; }
+  static MB_DEV RaggedTile output(const Args& p, const gemm::SlotTile& t) { return {&p.tma_o, t.n0, t.slot0, t.rows}; }
 };
 
 template <class Cfg, int E, int D, int N, bool ALT_ORDER>

@@ -1,20 +1,11 @@
 // The mainloop of tiles whose operands both come by TMA (no gather): the producer's loads and
-// the consumers' GMMA k-loop over CUTLASS's PipelineTmaAsync. Operands are K-major, [rows][64]
-// boxes of two 2-D tensor maps (runtime/tma.cpp), landing in CuTe's 128-byte-swizzle layout.
+// the consumers' GMMA k-loop over CUTLASS's PipelineTmaAsync. Each operand is K-major or
+// MN-major (config.cuh Major), its boxes named by an operand source (operand_tma.cuh) and landing
+// in CuTe's 128-byte-swizzle layout.
 #pragma once
-#include "moeblaze/sm90/config.cuh"
+#include "moeblaze/sm90/operand_tma.cuh"
 
 namespace moeblaze::sm90 {
-
-// Where one tile's operands are: A rows [a_row, +BM) of map_a, B rows [b_row, +BN) of map_b,
-// k_tiles steps of 64 along k (TMA zero-fills past the maps' k extent).
-struct TmaOperands {
-  const void* map_a;
-  int a_row;
-  const void* map_b;
-  int b_row;
-  int k_tiles;
-};
 
 template <class Cfg>
 struct TmaMainloop {
@@ -28,23 +19,18 @@ struct TmaMainloop {
   };
 
   // The producer: one thread issues every stage of a tile; the full barrier counts its bytes.
-  // In a cluster pair, block `rank` loads B rows [rank BN/2, +BN/2) into both blocks' stage
-  // (the map's box is BN / CLUSTER_M rows), so each full barrier still receives a whole stage.
-  static MB_DEV void load(Pipeline& pipe, State& st, Storage& s, const TmaOperands& op, int rank) {
-    constexpr uint64_t hint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
-    constexpr int B_ROWS = Cfg::BN / Cfg::CLUSTER_M;
+  // In a cluster pair each block issues its share of B (operand_tma.cuh), multicast into both
+  // blocks' stage, so each full barrier still receives a whole stage.
+  template <class Operands>
+  static MB_DEV void load(Pipeline& pipe, State& st, Storage& s, const Operands& op, int rank) {
+    static_assert(Operands::ASource_MAJOR == Cfg::MAJOR_A && Operands::BSource_MAJOR == Cfg::MAJOR_B,
+                  "the operand sources' layouts are the config's");
     for (int k = 0; k < op.k_tiles; ++k) {
       pipe.producer_acquire(st);
       uint64_t* full = pipe.producer_get_barrier(st);
       const int stage = st.index();
-      cute::SM90_TMA_LOAD_2D::copy(op.map_a, full, hint, s.a.data() + stage * (Cfg::BM * Cfg::BK), k * Cfg::BK, op.a_row);
-      Element* b = s.b.data() + stage * (Cfg::BN * Cfg::BK);
-      if constexpr (Cfg::CLUSTER_M == 1) {
-        cute::SM90_TMA_LOAD_2D::copy(op.map_b, full, hint, b, k * Cfg::BK, op.b_row);
-      } else {
-        cute::SM90_TMA_LOAD_MULTICAST_2D::copy(op.map_b, full, static_cast<uint16_t>((1 << Cfg::CLUSTER_M) - 1), hint,
-                                               b + rank * (B_ROWS * Cfg::BK), k * Cfg::BK, op.b_row + rank * B_ROWS);
-      }
+      op.a.template load<Cfg::BM, 1>(k, full, s.a.data() + stage * (Cfg::BM * Cfg::BK), rank);
+      op.b.template load<Cfg::BN, Cfg::CLUSTER_M>(k, full, s.b.data() + stage * (Cfg::BN * Cfg::BK), rank);
       ++st;
     }
   }

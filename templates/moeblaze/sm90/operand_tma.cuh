@@ -1,0 +1,70 @@
+// Where a tile's operand stages come from when TMA loads them: the two layouts a stage can have
+// (config.cuh StageLayout), each one or more boxes of a 2-D tensor map a k step (the maps are
+// encoded by the host, runtime/tma.cpp). load<ROWS, SHARERS>(k, full, stage, rank) issues k step
+// k's boxes into `stage`, completing on `full`; with SHARERS = 2 (a cluster pair's B) the block
+// of `rank` issues its share of the boxes, multicast into both blocks' stage.
+#pragma once
+#include "moeblaze/sm90/config.cuh"
+
+namespace moeblaze::sm90 {
+
+constexpr uint64_t kTmaHint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+
+template <int SHARERS>
+MB_DEV void tma_box(const void* map, uint64_t* full, Element* smem, int c0, int c1) {
+  if constexpr (SHARERS == 1) {
+    cute::SM90_TMA_LOAD_2D::copy(map, full, kTmaHint, smem, c0, c1);
+  } else {
+    cute::SM90_TMA_LOAD_MULTICAST_2D::copy(map, full, static_cast<uint16_t>((1 << SHARERS) - 1), kTmaHint, smem, c0, c1);
+  }
+}
+
+// K-major: rows [row, +ROWS) of `map`, k columns [64 k, +64): one [ROWS][64] box (a pair: each
+// block ROWS / 2 rows).
+struct TmaRowsK {
+  static constexpr Major MAJOR = Major::k;
+  const void* map;
+  int row;
+
+  template <int ROWS, int SHARERS>
+  MB_DEV void load(int k, uint64_t* full, Element* stage, int rank) const {
+    constexpr int PART = ROWS / SHARERS;
+    const int share = SHARERS == 1 ? 0 : rank;  // an operand the block loads alone takes all its rows
+    tma_box<SHARERS>(map, full, stage + share * (PART * 64), k * 64, row + share * PART);
+  }
+};
+
+// MN-major: k rows [64 k, +64) of a reduction that runs through map[0]'s rows [row0, row0 +
+// split), then map[1]'s (gate_up_dgrad's W1_e then W3_e), columns [col0, +ROWS) as 64-column
+// [64][64] boxes (a pair: alternate boxes from each block).
+struct TmaColsMN {
+  static constexpr Major MAJOR = Major::mn;
+  const void* map[2];
+  int row0, split, col0;
+
+  template <int ROWS, int SHARERS>
+  MB_DEV void load(int k, uint64_t* full, Element* stage, int rank) const {
+    const int kr = k * 64;
+    const int part = kr >= split ? 1 : 0;
+    const void* m = part ? map[1] : map[0];  // a select: indexing the array would put it in local memory
+    const int r = row0 + kr - part * split;
+    CUTE_UNROLL
+    for (int b = 0; b < ROWS / 64; ++b)
+      if (SHARERS == 1 || b % SHARERS == rank) tma_box<SHARERS>(m, full, stage + b * (64 * 64), col0 + b * 64, r);
+  }
+};
+
+// A tile's operands: k_tiles k steps of A and B.
+template <class ASource, class BSource>
+struct TmaOperands {
+  static constexpr Major ASource_MAJOR = ASource::MAJOR, BSource_MAJOR = BSource::MAJOR;
+  ASource a;
+  BSource b;
+  int k_tiles;
+};
+template <class ASource, class BSource>
+MB_DEV TmaOperands<ASource, BSource> tma_operands(ASource a, BSource b, int k_tiles) {
+  return {a, b, k_tiles};
+}
+
+}  // namespace moeblaze::sm90
