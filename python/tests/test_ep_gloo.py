@@ -120,3 +120,51 @@ def test_fsdp2_on_dp_with_ep(four_ranks):
             if k in ref:
                 assert rel(res[r]["fsdp"][k] * world, ref[k][lo:hi]) < 1e-6, (r, k)
                 assert res[r]["fsdp"][k].abs().sum() > 0
+
+
+# One rank's bad input, two ranks over gloo: every rank raises at the same call (none waits for
+# the others until the collective timeout, kept at 60 s here so that a hang fails the test),
+# and a healthy call afterwards works, which needs every rank to have left the faulty call at
+# the same collective. Layout mismatches come first: the ranks compare layouts at the first
+# call of each (a rank that changed its layout later would compare alone).
+FAULTS = [
+    dict(name="num_experts", rank=1, kind="num_experts", value=16),
+    dict(name="experts_local", rank=0, kind="experts_local"),
+    dict(name="top_k", rank=1, kind="top_k"),
+    dict(name="chunks", rank=1, kind="chunks", value=2),
+    dict(name="bad_id_E", rank=1, kind="bad_id", value=8),
+    dict(name="bad_id_negative", rank=0, kind="bad_id", value=-1),
+    dict(name="bad_id_int32_max", rank=1, kind="bad_id", value=2**31 - 1),
+    dict(name="weights_shape", rank=1, kind="weights_shape"),
+]
+EXPECTED_ARGUMENT = {"num_experts": "num_experts", "experts_local": "w1", "top_k": "topk_ids", "chunks": "chunks",
+                     "bad_id_E": "topk_ids", "bad_id_negative": "topk_ids", "bad_id_int32_max": "topk_ids",
+                     "weights_shape": "topk_weights"}
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory):
+    case = dict(BASE, mode="faults", T=[6, 5], chunks=[1], faults=FAULTS)
+    return launch([case], 2, tmp_path_factory.mktemp("faults"), timeout_s=300, pg_timeout_s=60)
+
+
+@pytest.mark.parametrize("name", [f["name"] for f in FAULTS])
+def test_one_ranks_bad_input_raises_on_every_rank(name, faults):
+    bad_rank = next(f["rank"] for f in FAULTS if f["name"] == name)
+    for rank in range(2):
+        got = faults[rank][0][name]
+        assert got["raised"] == "InvalidArgument", (rank, got)
+        assert got["argument"] == EXPECTED_ARGUMENT[name], (rank, got)
+        if name in ("num_experts", "experts_local", "top_k", "chunks"):
+            assert "disagree" in got["message"] and "rank 0" in got["message"] and "rank 1" in got["message"], got
+        elif rank != bad_rank:
+            assert f"rank {bad_rank}" in got["message"], got  # the others name the rank at fault
+
+
+def test_the_group_works_after_the_faults(faults):
+    cfg = dict(BASE, T=[6, 5])
+    ref = reference(cfg)
+    y = torch.cat([faults[r][0]["after"]["y"] for r in range(2)])
+    dx = torch.cat([faults[r][0]["after"]["dx"] for r in range(2)])
+    assert faults[0][0]["after"]["raised"] is None and faults[1][0]["after"]["raised"] is None
+    assert torch.equal(y, ref["y"].double()) and torch.equal(dx, ref["dx"].double())
