@@ -172,22 +172,23 @@ def mode_fsdp(cfg, rank, world, dev):
 def fault_call(cfg, data, dev, rank, world, fault):
     """One EP forward + backward where rank fault["rank"] gets a bad input: "bad_id" (its
     first token's pick 0 becomes fault["value"]), "num_experts" / "chunks" (its value is
-    fault["value"]), "experts_local" (one expert fewer in its weights), "top_k" (its last
+    fault["value"]: a number, "E" or "2E"), "experts_local" (one expert fewer in its weights), "top_k" (its last
     pick dropped), "weights_shape" (topk_weights one token short). Returns what it raised,
     as {"raised": type, "argument": ..., "message": ...}, or {"raised": None, "y": ...}."""
-    T, dt = cfg["T"], DTYPES[cfg["dtype"]]
+    T, dt, gdt = cfg["T"], DTYPES[cfg["dtype"]], DTYPES[cfg.get("gate_dtype", cfg["dtype"])]
     start, local = sum(T[:rank]), cfg["E"] // world
     r0, r1, e0, e1 = start, start + T[rank], rank * local, (rank + 1) * local
     x = leaf(data["x"][r0:r1], dt, dev)
     ids = data["ids"][r0:r1].clone()
-    gates = leaf(data["gates"][r0:r1], dt, dev)
+    gates = leaf(data["gates"][r0:r1], gdt, dev)
     w1, w3, w2 = (leaf(data[k][e0:e1], dt, dev) for k in ("w1", "w3", "w2"))
     kw = dict(num_experts=cfg["E"], chunks=1, engine=engine_of(cfg))
     kind = fault["kind"] if fault.get("rank") == rank else None
+    value = {"E": cfg["E"], "2E": 2 * cfg["E"]}.get(fault.get("value"), fault.get("value"))
     if kind == "bad_id":
-        ids[0, 0] = fault["value"]
+        ids[0, 0] = value
     elif kind in ("num_experts", "chunks"):
-        kw[kind] = fault["value"]
+        kw[kind] = value
     elif kind == "experts_local":
         w1, w3, w2 = (w[:-1].detach().clone().requires_grad_() for w in (w1, w3, w2))
     elif kind == "top_k":
