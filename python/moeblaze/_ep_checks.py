@@ -27,8 +27,9 @@ from ._dispatch import DispatchPlan, HostSplits, chunk_counts, splits_from_host
 
 # The layout values, in the order they are gathered: (what the message calls it, the argument
 # that carries it).
-LAYOUT = (("num_experts", "num_experts"), ("experts on the rank (w1.shape[0])", "w1"), ("top_k (topk_ids.shape[1])", "topk_ids"),
-          ("chunks", "chunks"), ("hidden size (x.shape[-1])", "x"), ("exchange", "exchange"))
+LAYOUT = (("num_experts", "num_experts"), ("experts on the rank (w1.shape[0])", "w1"),
+          ("top_k (topk_ids.shape[1])", "topk_ids"), ("chunks", "chunks"), ("hidden size (x.shape[-1])", "x"),
+          ("exchange", "exchange"))
 
 # Arguments a rank can find bad on its own; a status of -(1 + i) names STATUS_ARGUMENTS[i].
 STATUS_ARGUMENTS = ("x", "topk_ids", "topk_weights", "w1", "w3", "w2", "num_experts", "chunks", "max_tokens")

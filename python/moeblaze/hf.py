@@ -19,9 +19,8 @@ Weight layouts, read as the model holds them:
 Anything else raises UnsupportedExperts naming the module and what it cannot run; nothing
 falls back silently.
 
-Routing ids are checked: an id outside [0, E) (transformers' expert-parallel routing marks
-experts of other ranks that way, which this backend does not run) raises
-InvalidArgument('topk_ids'). The router's int64 ids are range-checked before they are
+Routing ids are checked: an id outside [0, E) raises InvalidArgument('topk_ids') (so does
+expert-parallel routing that marks other ranks' experts with such ids: not supported here). The router's int64 ids are range-checked before they are
 narrowed to int32, so 2**32 + 3 is an error, not expert 3. The check is a host sync per
 experts call (one 4-byte read after the index build); set_check_routing(False) skips it and
 leaves bad ids out (no output, no gradient). A CUDA graph capture skips it on its own.

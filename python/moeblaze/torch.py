@@ -257,7 +257,8 @@ _W1, _BIAS_UP = 5, 8  # positions of w1 and bias_up among the forward op's input
 
 
 def _setup_context(ctx, inputs, output):
-    x, topk_ids, topk_weights, w_router, router_bias, w1, w3, w2, bias_up, bias_down, cfg, route_scale, mode = inputs[:13]
+    x, topk_ids, topk_weights, w_router, router_bias, w1, w3, w2, bias_up, bias_down, cfg, route_scale, mode = \
+        inputs[:13]  # then check_routing, which backward does not need
     _, saved, state, _, _ = output
     ctx.save_for_backward(x, topk_weights, w_router, router_bias, w1, w3, w2, bias_up, bias_down, saved, state)
     ctx.cfg, ctx.route_scale, ctx.mode = cfg, route_scale, mode

@@ -41,9 +41,10 @@ def rel(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-# One rank's bad input (ep_worker.fault_call; "E" is the case's expert count), in this order: layout mismatches first, since
-# the ranks compare layouts at the first call of each (a rank that changed its layout later
-# would compare alone), then what every call's counts exchange carries.
+# One rank's bad input (ep_worker.fault_call; "E" is the case's expert count), in this order:
+# layout mismatches first, since the ranks compare layouts at the first call of each (a rank
+# that changed its layout later would compare alone), then what every call's counts exchange
+# carries.
 FAULTS = [
     dict(name="num_experts", rank=1, kind="num_experts", value="2E"),
     dict(name="experts_local", rank=0, kind="experts_local"),
