@@ -25,11 +25,15 @@ from torch import Tensor
 from ._capi import InvalidArgument
 from ._dispatch import DispatchPlan, HostSplits, chunk_counts, splits_from_host
 
+EXCHANGES = ("all_to_all", "symm_mem")  # ep_moe's exchange kinds
+DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)  # of the rows and gates that travel
+
 # The layout values, in the order they are gathered: (what the message calls it, the argument
-# that carries it).
-LAYOUT = (("num_experts", "num_experts"), ("experts on the rank (w1.shape[0])", "w1"),
-          ("top_k (topk_ids.shape[1])", "topk_ids"), ("chunks", "chunks"), ("hidden size (x.shape[-1])", "x"),
-          ("exchange", "exchange"))
+# that carries it, the names of its codes when it is a choice: -1 none, len(names) another).
+LAYOUT = (("num_experts", "num_experts", None), ("experts on the rank (w1.shape[0])", "w1", None),
+          ("top_k (topk_ids.shape[1])", "topk_ids", None), ("chunks", "chunks", None),
+          ("hidden size (x.shape[-1])", "x", None), ("exchange", "exchange", EXCHANGES),
+          ("dtype of x", "x", DTYPES), ("dtype of topk_weights", "topk_weights", DTYPES))
 
 # Arguments a rank can find bad on its own; a status of -(1 + i) names STATUS_ARGUMENTS[i].
 STATUS_ARGUMENTS = ("x", "topk_ids", "topk_weights", "w1", "w3", "w2", "num_experts", "chunks", "max_tokens")
@@ -53,21 +57,33 @@ def _dim(t, i: int) -> int:
     return int(t.shape[i])
 
 
-def layout_values(x, topk_ids, w1, num_experts, chunks, exchange_index: int) -> Tuple[int, ...]:
+def _code(v, names) -> int:
+    """v's index in names, -1 for None, len(names) for anything else."""
+    if v is None:
+        return -1
+    return names.index(v) if v in names else len(names)
+
+
+def layout_values(x, topk_ids, topk_weights, w1, num_experts, chunks, exchange) -> Tuple[int, ...]:
     """The values of LAYOUT for one rank's call, -1 where an argument cannot give one."""
-    return (_int_or(num_experts), _dim(w1, 0), _dim(topk_ids, 1), _int_or(chunks), _dim(x, -1), exchange_index)
+    def dtype(t):
+        return _code(t.dtype if isinstance(t, Tensor) else None, DTYPES)
+    return (_int_or(num_experts), _dim(w1, 0), _dim(topk_ids, 1), _int_or(chunks), _dim(x, -1),
+            _code(exchange if isinstance(exchange, str) else "?", EXCHANGES), dtype(x), dtype(topk_weights))
 
 
-def layout_mismatch(gathered: Sequence[Sequence[int]], exchanges: Sequence[str]) -> Optional[InvalidArgument]:
+def layout_mismatch(gathered: Sequence[Sequence[int]]) -> Optional[InvalidArgument]:
     """The error every rank raises when the ranks' layout values (gathered[rank]) differ: it
     names the first value that differs and what each rank has; None when they agree."""
-    for i, (what, argument) in enumerate(LAYOUT):
+    for i, (what, argument, names) in enumerate(LAYOUT):
         column = [row[i] for row in gathered]
         if len(set(column)) > 1:
             def show(v):
-                if argument == "exchange":
-                    return repr(exchanges[v]) if 0 <= v < len(exchanges) else "an unknown one"
-                return "none" if v < 0 else str(v)
+                if v < 0:
+                    return "none"
+                if names is None:
+                    return str(v)
+                return str(names[v]).replace("torch.", "") if v < len(names) else "another"
             per_rank = ", ".join(f"rank {r}: {show(v)}" for r, v in enumerate(column))
             return InvalidArgument(argument, f"{argument}: the ranks of the expert-parallel group disagree on the "
                                              f"{what} ({per_rank}); every rank must call the layer with the same "
@@ -75,7 +91,7 @@ def layout_mismatch(gathered: Sequence[Sequence[int]], exchanges: Sequence[str])
     return None
 
 
-def agree_on_layout(exchange, values: Tuple[int, ...], device: torch.device, exchanges: Sequence[str]) -> None:
+def agree_on_layout(exchange, values: Tuple[int, ...], device: torch.device) -> None:
     """All-gathers this rank's layout values at the first call of that layout on the group
     (one small collective and one host copy; later calls with the same values skip it) and
     raises layout_mismatch's error on every rank when they differ. A rank that changes its
@@ -83,7 +99,7 @@ def agree_on_layout(exchange, values: Tuple[int, ...], device: torch.device, exc
     key = (exchange.key, tuple(values))
     if key in _agreed:
         return
-    err = layout_mismatch(exchange.gather_ints(values, device), exchanges)
+    err = layout_mismatch(exchange.gather_ints(values, device))
     if err is not None:
         raise err
     _agreed.add(key)

@@ -31,7 +31,7 @@ from torch import Tensor
 from . import _capi as C
 from ._dispatch import (DispatchPlan, HostSplits, check_layout, chunk_experts, gather_sum, leave_out_bad_ids,
                         plan_dispatch, received_expert_ids, scatter_slots)
-from ._ep_checks import agree_on_layout, exchange_counts, layout_values
+from ._ep_checks import EXCHANGES, agree_on_layout, exchange_counts, layout_values
 from ._exchange import Exchange
 from .ep_experts import MoeblazeExperts, TorchExperts
 from .reference import route as _route
@@ -172,9 +172,6 @@ def default_engine(x: Tensor, activation: str, checkpoint: str = "save-h", tiles
     return MoeblazeExperts(activation, checkpoint, tiles) if x.is_cuda else TorchExperts(activation)
 
 
-EXCHANGES = ("all_to_all", "symm_mem")
-
-
 def ep_moe(x: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor, topk_ids: Tensor, topk_weights: Tensor, *,
            num_experts: int, group=None, chunks: int = 1, engine=None, activation: str = "swiglu",
            checkpoint: str = "save-h", tiles: str = "tuned", exchange: str = "all_to_all",
@@ -196,17 +193,16 @@ def ep_moe(x: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor, topk_ids: Te
 
     Bad input stops every rank, never one alone (which would leave the others waiting in the
     next collective): at the first call of a layout the ranks compare E, the experts each
-    holds, K, chunks, d and the exchange (one all_gather), and every rank raises
-    InvalidArgument naming what differs; with exchange="all_to_all", an id outside [0, E) or
-    a bad argument on any rank raises InvalidArgument on every rank at the counts exchange,
-    before any row travels. exchange="symm_mem" cannot raise without a host sync: there such
-    ids are left out (gate 0, no output, gate gradient 0)."""
+    holds, K, chunks, d, the exchange and the dtypes of x and topk_weights (one all_gather),
+    and every rank raises InvalidArgument naming what differs; with exchange="all_to_all", an
+    id outside [0, E) or a bad argument on any rank raises InvalidArgument on every rank at
+    the counts exchange, before any row travels. exchange="symm_mem" cannot raise without a
+    host sync: there such ids are left out (gate 0, no output, gate gradient 0)."""
     ex = Exchange(group)
     device = topk_ids.device if isinstance(topk_ids, Tensor) else torch.device("cpu")
-    exchange_index = EXCHANGES.index(exchange) if exchange in EXCHANGES else -1
-    agree_on_layout(ex, layout_values(x, topk_ids, w1, num_experts, chunks, exchange_index), device, EXCHANGES)
+    agree_on_layout(ex, layout_values(x, topk_ids, topk_weights, w1, num_experts, chunks, exchange), device)
     # From here on the ranks agree on these, so an error in them is raised by every rank alike.
-    if exchange_index < 0:
+    if exchange not in EXCHANGES:
         raise C.InvalidArgument("exchange", f"exchange: '{exchange}' is not one of {', '.join(EXCHANGES)}")
     local = check_layout(num_experts, ex.world, chunks)
     if engine is None:

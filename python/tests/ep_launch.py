@@ -50,15 +50,16 @@ FAULTS = [
     dict(name="experts_local", rank=0, kind="experts_local"),
     dict(name="top_k", rank=1, kind="top_k"),
     dict(name="chunks", rank=1, kind="chunks", value=2),
+    dict(name="x_dtype", rank=0, kind="x_dtype"),
     dict(name="bad_id_E", rank=1, kind="bad_id", value="E"),
     dict(name="bad_id_negative", rank=0, kind="bad_id", value=-1),
     dict(name="bad_id_int32_max", rank=1, kind="bad_id", value=2**31 - 1),
     dict(name="weights_shape", rank=1, kind="weights_shape"),
 ]
 EXPECTED_ARGUMENT = {"num_experts": "num_experts", "experts_local": "w1", "top_k": "topk_ids", "chunks": "chunks",
-                     "bad_id_E": "topk_ids", "bad_id_negative": "topk_ids", "bad_id_int32_max": "topk_ids",
+                     "x_dtype": "x", "bad_id_E": "topk_ids", "bad_id_negative": "topk_ids", "bad_id_int32_max": "topk_ids",
                      "weights_shape": "topk_weights"}
-LAYOUT_FAULTS = ("num_experts", "experts_local", "top_k", "chunks")
+LAYOUT_FAULTS = ("num_experts", "experts_local", "top_k", "chunks", "x_dtype")
 
 
 def check_fault_raised_everywhere(results, name, case=0):

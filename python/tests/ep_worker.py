@@ -171,10 +171,11 @@ def mode_fsdp(cfg, rank, world, dev):
 
 def fault_call(cfg, data, dev, rank, world, fault):
     """One EP forward + backward where rank fault["rank"] gets a bad input: "bad_id" (its
-    first token's pick 0 becomes fault["value"]), "num_experts" / "chunks" (its value is
-    fault["value"]: a number, "E" or "2E"), "experts_local" (one expert fewer in its weights), "top_k" (its last
-    pick dropped), "weights_shape" (topk_weights one token short). Returns what it raised,
-    as {"raised": type, "argument": ..., "message": ...}, or {"raised": None, "y": ...}."""
+    first token's pick 0 becomes fault["value"]: a number, "E" or "2E"), "num_experts" /
+    "chunks" (its value is fault["value"]), "experts_local" (one expert fewer in its
+    weights), "top_k" (its last pick dropped), "x_dtype" (x in float16), "weights_shape"
+    (topk_weights one token short). Returns what it raised, as {"raised": type, "argument":
+    ..., "message": ...}, or {"raised": None, "y": ..., "dx": ...}."""
     T, dt, gdt = cfg["T"], DTYPES[cfg["dtype"]], DTYPES[cfg.get("gate_dtype", cfg["dtype"])]
     start, local = sum(T[:rank]), cfg["E"] // world
     r0, r1, e0, e1 = start, start + T[rank], rank * local, (rank + 1) * local
@@ -193,6 +194,8 @@ def fault_call(cfg, data, dev, rank, world, fault):
         w1, w3, w2 = (w[:-1].detach().clone().requires_grad_() for w in (w1, w3, w2))
     elif kind == "top_k":
         ids, gates = ids[:, :-1].contiguous(), gates[:, :-1].detach().clone().requires_grad_()
+    elif kind == "x_dtype":
+        x = x.detach().to(torch.float16).requires_grad_()
     elif kind == "weights_shape":
         gates = gates[:-1].detach().clone().requires_grad_()
     try:

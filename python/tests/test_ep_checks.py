@@ -11,35 +11,35 @@ from moeblaze._dispatch import leave_out_bad_ids, plan_dispatch  # noqa: E402
 from moeblaze._ep_checks import (STATUS_ARGUMENTS, counts_with_status, layout_mismatch, layout_values,  # noqa: E402
                                  status_error, status_of_error)
 
-EXCHANGES = ("all_to_all", "symm_mem")
+ROW = (8, 4, 3, 1, 16, 0, 0, 2)  # E, experts on the rank, K, chunks, d, all_to_all, bf16 x, f32 gates
 
 
 def test_layout_values_read_what_the_exchanges_depend_on():
-    x, ids, w1 = torch.zeros(5, 16), torch.zeros(5, 3, dtype=torch.int32), torch.zeros(4, 8, 16)
-    assert layout_values(x, ids, w1, 8, 2, 0) == (8, 4, 3, 2, 16, 0)
-    # malformed arguments still give a value (-1), so that every rank can take part
-    assert layout_values(x, torch.zeros(5), None, "8", True, -1) == (-1, -1, -1, -1, 16, -1)
+    x, ids, w1 = torch.zeros(5, 16, dtype=torch.bfloat16), torch.zeros(5, 3, dtype=torch.int32), torch.zeros(4, 8, 16)
+    assert layout_values(x, ids, torch.zeros(5, 3), w1, 8, 1, "all_to_all") == ROW
+    assert layout_values(x, ids, torch.zeros(5, 3, dtype=torch.int8), w1, 8, 1, "symm_mem")[5:] == (1, 0, 4)
+    # malformed arguments still give a value, so that every rank can take part
+    assert layout_values(x, torch.zeros(5), None, None, "8", True, "nvlink") == (-1, -1, -1, -1, 16, 2, 0, -1)
 
 
 def test_agreeing_layouts_raise_nothing():
-    row = (8, 4, 3, 1, 16, 0)
-    assert layout_mismatch([row, row, row], EXCHANGES) is None
+    assert layout_mismatch([ROW, ROW, ROW]) is None
 
 
-@pytest.mark.parametrize("column,argument", [(0, "num_experts"), (1, "w1"), (2, "topk_ids"), (3, "chunks"),
-                                             (4, "x"), (5, "exchange")])
-def test_a_differing_layout_value_is_named_with_every_ranks_value(column, argument):
-    rows = [[8, 4, 3, 1, 16, 0] for _ in range(3)]
-    rows[2][column] = 1 if column == 5 else 99
-    err = layout_mismatch(rows, EXCHANGES)
+@pytest.mark.parametrize("column,argument,shown", [
+    (0, "num_experts", "99"), (1, "w1", "99"), (2, "topk_ids", "99"), (3, "chunks", "99"), (4, "x", "99"),
+    (5, "exchange", "symm_mem"), (6, "x", "float16"), (7, "topk_weights", "another")])
+def test_a_differing_layout_value_is_named_with_every_ranks_value(column, argument, shown):
+    rows = [list(ROW) for _ in range(3)]
+    rows[2][column] = {5: 1, 6: 1, 7: 4}.get(column, 99)
+    err = layout_mismatch(rows)
     assert isinstance(err, InvalidArgument) and err.argument == argument
     msg = str(err)
-    assert "disagree" in msg and "rank 0" in msg and "rank 2" in msg
-    assert ("'symm_mem'" if column == 5 else "99") in msg
+    assert "disagree" in msg and "rank 0" in msg and f"rank 2: {shown}" in msg, msg
 
 
 def test_the_first_differing_value_is_named():
-    err = layout_mismatch([[8, 4, 3, 1, 16, 0], [16, 8, 2, 1, 16, 0]], EXCHANGES)
+    err = layout_mismatch([ROW, (16, 8, 2) + ROW[3:]])
     assert err.argument == "num_experts" and "rank 0: 8, rank 1: 16" in str(err)
 
 
