@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 
 #include "host_data.hpp"
@@ -115,6 +116,18 @@ CheckInputs draw_inputs(const CheckData& c) {
     }
   } else {
     draw_routing(to_string(o.routing), c.T, c.E, c.K, s * 16 + 8, in.ids, in.gates);
+    if (!o.bad_ids.empty()) {
+      in.device_ids = in.ids;
+      in.device_gates = in.gates;
+      for (const auto& [slot, id] : o.bad_ids) {
+        if (slot < 0 || slot >= c.T * c.K)
+          throw InvalidArgument("bad_ids", fmt::format("slot {} is outside [0, T*K = {})", slot, c.T * c.K));
+        if (id >= 0 && id < c.E) throw InvalidArgument("bad_ids", fmt::format("id {} is inside [0, {})", id, c.E));
+        in.device_ids[slot] = id;
+        in.device_gates[slot] = std::numeric_limits<float>::quiet_NaN();
+        in.gates[slot] = 0.f;  // the reference without the pick: same y, dx and weight gradients
+      }
+    }
   }
   // fp32 accumulation starts from random contents: expected = initial + gradient.
   if (o.accumulate_fp32) {
@@ -156,8 +169,8 @@ CheckBuffers allocate_buffers(const CheckData& c, const MemoryPlan& plan) {
   b.db_up = DeviceBuffer(in.b_up.size() * wbytes);
   b.db_down = DeviceBuffer(in.b_down.size() * wbytes);
   if (!c.router) {
-    b.ids = upload(in.ids);
-    b.gates_in = upload(in.gates);
+    b.ids = upload(in.device_ids.empty() ? in.ids : in.device_ids);
+    b.gates_in = upload(in.device_gates.empty() ? in.gates : in.device_gates);
   }
   b.y = DeviceBuffer(c.T * c.d * 2);
   b.dx = DeviceBuffer(c.T * c.d * 2);
@@ -189,7 +202,7 @@ ForwardArgs forward_args(const CheckData& c) {
   } else {
     fa.topk_ids = tensor(b.ids, DType::i32, {T, K});
     fa.topk_weights = tensor(b.gates_in, DType::f32, {T, K});
-    fa.check_routing = true;
+    fa.check_routing = c.options.bad_ids.empty();  // bad ids on purpose: left out, not raised
   }
   fa.w1 = tensor(b.w1, DType::bf16, w1_shape(c.options.layer));
   if (c.separate_w3) fa.w3 = tensor(b.w3, DType::bf16, {E, n, d});
@@ -357,6 +370,8 @@ LayerCheckResult run_layer_check(const LayerCheckOptions& o) {
   const LayerConfig& l = o.layer;
   l.validate();
   if (o.tokens <= 0) throw InvalidArgument("tokens", fmt::format("T = {} must be at least 1", o.tokens));
+  if (!o.bad_ids.empty() && l.router != RouterKind::none)
+    throw InvalidArgument("bad_ids", "needs caller routing (a built-in router picks valid ids)");
   // The caller's (primary) context, held until every buffer and module of the check is gone.
   const DeviceContext device(0);
   const bool gated = is_gated(l.activation);

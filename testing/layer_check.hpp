@@ -38,6 +38,13 @@ struct LayerCheckOptions {
   KernelCache* cache = nullptr;
   std::string policy;  // tuning policy for the lookup (measurement_policy)
   std::map<KernelFamily, TileConfig> force;  // these families run with these tiles
+  // Caller routing only: (slot, id) pairs whose id the GPU gets outside [0, E), with the
+  // routing check off and a NaN gate (a left-out slot's gate must never be read). The check
+  // then expects those slots left out: the index arrays of build_index_left_out, the outputs
+  // and gradients of the reference without them (their gate 0: the same y, dx and weight
+  // gradients), their d_topk_weights exactly 0, and the tokens that had them compared on
+  // their own lines. The sampled tokens include those tokens.
+  std::vector<std::pair<int64_t, int32_t>> bad_ids;
 };
 
 struct ErrorLine {

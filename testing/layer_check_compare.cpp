@@ -62,6 +62,19 @@ reference::RouterSpec router_spec(const CheckData& c) {
   return {l.router, l.renormalize, l.route_scale};
 }
 
+// The tokens with a left-out pick (LayerCheckOptions::bad_ids), ascending.
+std::vector<int64_t> bad_tokens(const CheckData& c) {
+  std::set<int64_t> t;
+  for (const auto& [slot, id] : c.options.bad_ids) t.insert(slot / c.K);
+  return {t.begin(), t.end()};
+}
+
+bool is_bad_slot(const CheckData& c, int64_t slot) {
+  for (const auto& [s, id] : c.options.bad_ids)
+    if (s == slot) return true;
+  return false;
+}
+
 // Rows t of a [T, width] array, for the sampled tokens.
 template <class V>
 V rows_of(const V& all, const std::vector<int64_t>& tokens, int64_t width) {
@@ -70,15 +83,46 @@ V rows_of(const V& all, const std::vector<int64_t>& tokens, int64_t width) {
   return out;
 }
 
+// A left-out slot's gate gradient must be exactly 0 (the reference, which has the pick with
+// gate 0, gives <dy, o> there): compared on a line of its own, the other slots as usual.
 void compare_d_topk_weights(const CheckData& c, const std::vector<float>& dgates_gpu,
                             const reference::TokenGrads& tg, const std::vector<int64_t>& tokens,
                             LayerCheckResult& res) {
   note_unwritten(res, "d_topk_weights", has_poison(dgates_gpu));
-  std::vector<double> got;
-  for (int64_t t : tokens)
-    for (int j = 0; j < c.K; ++j) got.push_back(dgates_gpu[t * c.K + j]);
-  res.errors.push_back({"d_topk_weights", reference::relative_error(got.data(), tg.d_gates.data(), got.size()),
+  std::vector<double> got, ref;
+  for (size_t i = 0; i < tokens.size(); ++i)
+    for (int j = 0; j < c.K; ++j) {
+      const int64_t slot = tokens[i] * c.K + j;
+      if (is_bad_slot(c, slot)) continue;
+      got.push_back(dgates_gpu[slot]);
+      ref.push_back(tg.d_gates[i * c.K + j]);
+    }
+  res.errors.push_back({"d_topk_weights", reference::relative_error(got.data(), ref.data(), got.size()),
                         static_cast<int64_t>(got.size()), false});
+  if (c.options.bad_ids.empty()) return;
+  bool zero = true;
+  for (const auto& [slot, id] : c.options.bad_ids) zero &= dgates_gpu[slot] == 0.f;
+  res.errors.push_back({"d_topk_weights of left-out slots are 0", zero ? 0.0 : 1.0,
+                        static_cast<int64_t>(c.options.bad_ids.size()), true});
+}
+
+// The relative error of rows `which` (tokens with a left-out pick) of `got` [tokens, width]
+// against `ref`, where `tokens` lists the rows' tokens: a line of their own, so that a few
+// wrong rows are not averaged away among the sampled tokens.
+void compare_bad_token_rows(const CheckData& c, const std::string& name, const std::vector<bf16>& got,
+                            const std::vector<double>& ref, const std::vector<int64_t>& tokens, int64_t width,
+                            LayerCheckResult& res) {
+  const std::vector<int64_t> bad = bad_tokens(c);
+  if (bad.empty()) return;
+  std::vector<bf16> g;
+  std::vector<double> r;
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (std::binary_search(bad.begin(), bad.end(), tokens[i])) {
+      g.insert(g.end(), got.begin() + i * width, got.begin() + (i + 1) * width);
+      r.insert(r.end(), ref.begin() + i * width, ref.begin() + (i + 1) * width);
+    }
+  res.errors.push_back({name + " (tokens with a left-out pick)", rel_error_bf16(g, r), static_cast<int64_t>(g.size()),
+                        false});
 }
 
 void compare_dx(const CheckData& c, const std::vector<int32_t>& ids, const std::vector<double>& logits,
@@ -100,6 +144,7 @@ void compare_dx(const CheckData& c, const std::vector<int32_t>& ids, const std::
   note_unwritten(res, "dx", has_poison(dx_gpu));
   const std::vector<bf16> got = rows_of(dx_gpu, tokens, c.d);
   res.errors.push_back({"dx", rel_error_bf16(got, ref), static_cast<int64_t>(got.size()), false});
+  compare_bad_token_rows(c, "dx", got, ref, tokens, c.d, res);
 }
 
 // Experts whose weight gradients are compared: the busiest, the least busy non-empty one,
@@ -236,7 +281,30 @@ void compare_router_wgrad(const CheckData& c, const std::vector<int32_t>& ids, c
 
 }  // namespace
 
+// With bad_ids: the arrays of build_index_left_out of what the GPU got; expert_token_indices
+// only where a slot is in (the positions after the last one are not written).
+std::vector<int32_t> compare_left_out_index_arrays(const CheckData& c, LayerCheckResult& res) {
+  const ForwardState& st = c.state;
+  const int64_t TK = c.T * c.K;
+  const reference::IndexArrays ref = reference::build_index_left_out(c.in.device_ids.data(), c.T, c.K, c.E);
+  const int32_t in = ref.expert_token_offsets[c.E];
+  const std::vector<int32_t> eti = download_ptr<int32_t>(st.expert_token_indices, in);
+  const bool same = std::equal(eti.begin(), eti.end(), ref.expert_token_indices.begin()) &&
+                    ref.expert_token_offsets == download_ptr<int32_t>(st.expert_token_offsets, c.E + 1) &&
+                    ref.token_expert_indices == download_ptr<int32_t>(st.token_expert_indices, TK) &&
+                    ref.token_index_map == download_ptr<int32_t>(st.token_index_map, TK);
+  res.errors.push_back({"index arrays (left-out slots: kLeftOutSlot)", same ? 0.0 : 1.0, TK * 2 + in + c.E + 1, true});
+  const auto counts = download_ptr<int32_t>(st.expert_counts, c.E);
+  bool counts_ok = true;
+  for (int e = 0; e < c.E; ++e) counts_ok &= counts[e] == ref.expert_token_offsets[e + 1] - ref.expert_token_offsets[e];
+  res.errors.push_back({"expert counts (left-out slots in none)", counts_ok ? 0.0 : 1.0, c.E, true});
+  const auto [mn, mx] = std::minmax_element(counts.begin(), counts.end());
+  res.expert_counts_min_max = {*mn, *mx};
+  return c.in.ids;  // the reference's routing: every pick, the left-out ones with gate 0
+}
+
 std::vector<int32_t> compare_index_arrays(const CheckData& c, LayerCheckResult& res) {
+  if (!c.options.bad_ids.empty()) return compare_left_out_index_arrays(c, res);
   const ForwardState& st = c.state;
   const int64_t TK = c.T * c.K;
   const std::vector<int32_t> ids = download_ptr<int32_t>(st.token_expert_indices, TK);
@@ -302,6 +370,7 @@ std::vector<int64_t> sample_tokens(const CheckData& c) {
     return tokens;
   }
   std::set<int64_t> pick = {0, T - 1};
+  for (int64_t t : bad_tokens(c)) pick.insert(t);
   for (uint64_t i = 0; static_cast<int>(pick.size()) < c.options.sample_tokens; ++i)
     pick.insert(static_cast<int64_t>(unit_double(c.options.seed * 16 + 13, i) * T));
   tokens.assign(pick.begin(), pick.end());
@@ -315,6 +384,7 @@ void compare_forward(const CheckData& c, const std::vector<int32_t>& ids, const 
   const auto ref = reference::forward_rows(expert_weights(c), c.in.x.data(), ids.data(), gates.data(), c.K, tokens);
   const std::vector<bf16> got = rows_of(y_gpu, tokens, c.d);
   res.errors.push_back({"y", rel_error_bf16(got, ref), static_cast<int64_t>(got.size()), false});
+  compare_bad_token_rows(c, "y", got, ref, tokens, c.d, res);
 }
 
 void compare_backward(const CheckData& c, const std::vector<int32_t>& ids, const std::vector<double>& gates,

@@ -17,8 +17,10 @@ struct CheckInputs {
   std::vector<bf16> w13;             // fused gate_up only: each expert's W1 rows, then its W3 rows
   std::vector<bf16> b_up, b_down;    // expert biases only: [E, G*n], [E, d]
   std::vector<float> bias;           // sigmoid router only
-  std::vector<int32_t> ids;          // caller routing only
-  std::vector<float> gates;          // caller routing only
+  std::vector<int32_t> ids;          // caller routing only (with bad_ids: the reference's, all valid)
+  std::vector<float> gates;          // caller routing only (with bad_ids: 0 at the left-out slots)
+  std::vector<int32_t> device_ids;   // bad_ids only: what the GPU gets (ids outside [0, E) there)
+  std::vector<float> device_gates;   // bad_ids only: NaN at the left-out slots
   std::vector<float> acc1, acc3, acc2, accr;  // fp32 accumulation only (acc1 is [E, w1_rows, d])
 };
 

@@ -68,7 +68,9 @@ class DispatchPlan:
 
 def plan_dispatch(topk_ids: Tensor, num_experts: int, world: int, chunks: int = 1) -> DispatchPlan:
     """The send order for `topk_ids` [T, K] (global expert ids). No host synchronisation:
-    counts come from the sorted keys by binary search (no atomics, no bincount)."""
+    counts come from the sorted keys by binary search (no atomics, no bincount). Ids outside
+    [0, E) are in no count, and sort after every counted slot: the rows that travel are the
+    counted ones, first in the send order (slots - the counted ones is how many were bad)."""
     if topk_ids.dim() != 2:
         raise InvalidArgument("topk_ids", f"topk_ids: must be [T, K], got shape {list(topk_ids.shape)}")
     if topk_ids.dtype.is_floating_point or topk_ids.dtype.is_complex or topk_ids.dtype == torch.bool:
@@ -78,6 +80,7 @@ def plan_dispatch(topk_ids: Tensor, num_experts: int, world: int, chunks: int = 
     T, K = topk_ids.shape
     e = topk_ids.reshape(-1).to(torch.int64)
     key = ((e % local) // per_chunk) * num_experts + e
+    key = torch.where((e >= 0) & (e < num_experts), key, torch.full_like(key, chunks * num_experts))
     sorted_key, order = torch.sort(key, stable=True)
     position = torch.empty_like(order)
     position[order] = torch.arange(order.numel(), device=order.device)
@@ -109,9 +112,16 @@ class HostSplits:
         return sum(self.recv[chunk])
 
 
+def splits_from_host(send: List[int], recv: List[int], chunks: int, world: int) -> HostSplits:
+    """HostSplits from the [chunks, world] send and receive rows, flattened, on the host."""
+    return HostSplits([send[c * world:(c + 1) * world] for c in range(chunks)],
+                      [recv[c * world:(c + 1) * world] for c in range(chunks)])
+
+
 def host_splits(send_counts: Tensor, recv_counts: Tensor, chunks: int, slots: int) -> HostSplits:
     """Split sizes per chunk from the [world, E_local] send and receive counts, in one copy.
-    The send counts must add up to this rank's slots: ids outside [0, E) are caught here."""
+    The send counts must add up to this rank's slots: ids outside [0, E) are caught here, on
+    this rank only (the layer itself uses _ep_checks.exchange_counts, which stops every rank)."""
     both = torch.stack([chunk_counts(send_counts, chunks), chunk_counts(recv_counts, chunks)]).cpu()
     send, recv = both[0].tolist(), both[1].tolist()
     sent = sum(map(sum, send))
@@ -119,6 +129,19 @@ def host_splits(send_counts: Tensor, recv_counts: Tensor, chunks: int, slots: in
         raise InvalidArgument("topk_ids", f"topk_ids: {slots - sent} of {slots} expert ids are outside "
                               f"[0, {send_counts.numel()})")
     return HostSplits(send, recv)
+
+
+def leave_out_bad_ids(topk_ids: Tensor, topk_weights: Tensor, num_experts: int,
+                      stand_in: int) -> Tuple[Tensor, Tensor]:
+    """For the exchange without a host sync (symm_mem), which cannot raise on a bad id: each id
+    outside [0, E) is replaced by `stand_in` (an expert of this rank, so the row does not
+    travel) with gate 0. The row then adds exactly 0 to y and dx, and nothing to any weight
+    gradient (every one of its terms is scaled by the gate), and torch.where gives its gate
+    the gradient 0: the pick is left out, as moeblaze.torch.moe(check_routing=False) does."""
+    bad = (topk_ids < 0) | (topk_ids >= num_experts)
+    ids = topk_ids.masked_fill(bad, stand_in)
+    weights = torch.where(bad, torch.zeros_like(topk_weights), topk_weights)
+    return ids, weights
 
 
 def received_expert_ids(recv_counts: Tensor, chunk: int, chunks: int, rows: int) -> Tensor:

@@ -9,7 +9,7 @@ away, so with gloo a CUDA tensor is staged through host memory (a synchronous co
 path, never a fast one)."""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -45,6 +45,23 @@ class Exchange:
 
     def _staged(self, t: Tensor) -> bool:
         return t.is_cuda and "gloo" in self.backend
+
+    @property
+    def key(self):
+        """What identifies the group across calls (the collective checks remember per group)."""
+        name = getattr(self.group, "group_name", None)
+        return name if name is not None else id(self.group)
+
+    def gather_ints(self, values: Sequence[int], device: torch.device) -> List[List[int]]:
+        """Every rank's `values` (the same number of them on every rank), in rank order, on
+        the host: one all_gather and one device-to-host copy (on `device` for NCCL, host
+        memory for gloo)."""
+        t = torch.tensor([int(v) for v in values], dtype=torch.int64)
+        if device.type == "cuda" and "gloo" not in self.backend:
+            t = t.to(device)
+        parts = [torch.empty_like(t) for _ in range(self.world)]
+        dist.all_gather(parts, t, group=self.group)
+        return torch.stack(parts).cpu().tolist()
 
     def rows(self, inp: Tensor, out_splits: List[int], in_splits: List[int], out: Optional[Tensor] = None) -> Pending:
         """Starts the exchange of inp's rows (dim 0): in_splits[r] rows to rank r, out_splits[r]

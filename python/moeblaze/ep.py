@@ -29,8 +29,9 @@ import torch
 from torch import Tensor
 
 from . import _capi as C
-from ._dispatch import (DispatchPlan, HostSplits, chunk_experts, gather_sum, host_splits, plan_dispatch,
-                        received_expert_ids, scatter_slots)
+from ._dispatch import (DispatchPlan, HostSplits, check_layout, chunk_experts, gather_sum, leave_out_bad_ids,
+                        plan_dispatch, received_expert_ids, scatter_slots)
+from ._ep_checks import EXCHANGES, agree_on_layout, exchange_counts, layout_values
 from ._exchange import Exchange
 from .ep_experts import MoeblazeExperts, TorchExperts
 from .reference import route as _route
@@ -171,9 +172,6 @@ def default_engine(x: Tensor, activation: str, checkpoint: str = "save-h", tiles
     return MoeblazeExperts(activation, checkpoint, tiles) if x.is_cuda else TorchExperts(activation)
 
 
-EXCHANGES = ("all_to_all", "symm_mem")
-
-
 def ep_moe(x: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor, topk_ids: Tensor, topk_weights: Tensor, *,
            num_experts: int, group=None, chunks: int = 1, engine=None, activation: str = "swiglu",
            checkpoint: str = "save-h", tiles: str = "tuned", exchange: str = "all_to_all",
@@ -191,27 +189,40 @@ def ep_moe(x: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor, topk_ids: Te
     exchange="all_to_all" (default): all_to_all_single over the group (NCCL, or gloo), split
     sizes on the host: one device-to-host copy of the counts per call. "symm_mem": split sizes
     stay on the device (NVSHMEM all_to_all_vdev, no host sync, CUDA-graph capturable; needs
-    max_tokens, the most tokens any rank passes, and chunks=1; see ep_symm)."""
+    max_tokens, the most tokens any rank passes, and chunks=1; see ep_symm).
+
+    Bad input stops every rank, never one alone (which would leave the others waiting in the
+    next collective): at the first call of a layout the ranks compare E, the experts each
+    holds, K, chunks, d, the exchange and the dtypes of x and topk_weights (one all_gather),
+    and every rank raises InvalidArgument naming what differs; with exchange="all_to_all", an
+    id outside [0, E) or a bad argument on any rank raises InvalidArgument on every rank at
+    the counts exchange, before any row travels. exchange="symm_mem" cannot raise without a
+    host sync: there such ids are left out (gate 0, no output, gate gradient 0)."""
+    ex = Exchange(group)
+    device = topk_ids.device if isinstance(topk_ids, Tensor) else torch.device("cpu")
+    agree_on_layout(ex, layout_values(x, topk_ids, topk_weights, w1, num_experts, chunks, exchange), device)
+    # From here on the ranks agree on these, so an error in them is raised by every rank alike.
     if exchange not in EXCHANGES:
         raise C.InvalidArgument("exchange", f"exchange: '{exchange}' is not one of {', '.join(EXCHANGES)}")
+    local = check_layout(num_experts, ex.world, chunks)
     if engine is None:
         engine = default_engine(x, activation, checkpoint, tiles)
     if exchange == "symm_mem":
-        import torch.distributed as dist
         from .ep_symm import ep_step_device
-        world = dist.get_world_size(group)
-        _check_args(x, topk_ids, topk_weights, w1, w3, w2, num_experts, world)
+        _check_args(x, topk_ids, topk_weights, w1, w3, w2, num_experts, ex.world)
         if max_tokens is None:
             raise C.InvalidArgument("max_tokens", "max_tokens: the symm_mem exchange sizes its buffers by the most "
                                     "tokens a rank passes; give it")
-        plan = plan_dispatch(topk_ids, num_experts, world, chunks)
-        y = ep_step_device(x, topk_weights, w1, w3, w2, plan, group, engine, max_tokens)
+        ids, weights = leave_out_bad_ids(topk_ids, topk_weights, num_experts, ex.rank * local)
+        plan = plan_dispatch(ids, num_experts, ex.world, chunks)
+        y = ep_step_device(x, weights, w1, w3, w2, plan, group, engine, max_tokens)
         return EPOutput(y, plan.send_counts.reshape(-1).to(torch.int32), topk_weights.new_empty(0))
-    ex = Exchange(group)
-    _check_args(x, topk_ids, topk_weights, w1, w3, w2, num_experts, ex.world)
-    plan = plan_dispatch(topk_ids, num_experts, ex.world, chunks)
-    recv_counts = ex.counts(plan.send_counts)
-    splits = host_splits(plan.send_counts, recv_counts, chunks, plan.slots)
+    try:  # this rank's own errors travel in the counts exchange's status column
+        _check_args(x, topk_ids, topk_weights, w1, w3, w2, num_experts, ex.world)
+        plan, error = plan_dispatch(topk_ids, num_experts, ex.world, chunks), None
+    except C.InvalidArgument as e:
+        plan, error = None, e
+    recv_counts, splits = exchange_counts(ex, plan, error, num_experts, local, chunks, device)
     step = _Step(ex, engine, plan, splits, recv_counts)
     y = _ExpertParallel.apply(x, topk_weights, w1, w3, w2, step)
     return EPOutput(y, plan.send_counts.reshape(-1).to(torch.int32), topk_weights.new_empty(0))

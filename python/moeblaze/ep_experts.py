@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from . import _capi as C
+from ._routing import narrow_expert_ids
 from .reference import activation as _activation
 
 _TILES = {"tuned": 0, "default": 1}
@@ -53,10 +54,13 @@ class MoeblazeExperts:
     def forward(self, rows: Tensor, expert_ids: Tensor, gates: Tensor, w1: Tensor, w3: Optional[Tensor],
                 w2: Tensor) -> Tuple[Tensor, Any]:
         cfg = self._cfg(w1)
-        ids = expert_ids.to(torch.int32).view(-1, 1)
+        ids = narrow_expert_ids(expert_ids, w1.shape[0]).view(-1, 1)
         g = gates.to(torch.float32).reshape(-1, 1).contiguous()
+        # No routing check (it would sync every chunk): the received ids come from the exchanged
+        # counts, always in range, and the device-split path's padding rows carry E_local on
+        # purpose, for the index build to leave out.
         out, saved, state, _, _ = torch.ops.moeblaze.forward(rows.contiguous(), ids, g, None, None, w1, w3, w2,
-                                                             None, None, cfg, 1.0, self.mode)
+                                                             None, None, cfg, 1.0, self.mode, False)
         return out, (rows, g, w1, w3, w2, saved, state, cfg, gates.dtype)
 
     def backward(self, state: Any, d_out: Tensor):

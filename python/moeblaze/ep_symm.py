@@ -16,8 +16,9 @@ Costs: moeblaze's saved state and scratch are planned for rows_max rows (ep_size
 balanced case), a received-rows copy of that size is kept for backward, and the symmetric
 buffers (send and receive, for the dispatch and the combine direction) are rows_max rows each
 (deepseek-v3, ep 2, 16384 tokens: 3.8 GB each, 15 GB in all). No chunked
-overlap on this path (chunks = 1), and ids outside [0, E) are not reported (the NCCL path
-finds them in its host copy).
+overlap on this path (chunks = 1), and ids outside [0, E) cannot be reported without a host
+sync: ep_moe leaves them out before the dispatch (gate 0 on an expert of the rank itself:
+_dispatch.leave_out_bad_ids); the all_to_all path raises on every rank instead.
 
 Requirements: torch built with NVSHMEM (symm_mem.is_nvshmem_available()), one GPU per rank
 (2 or more GPUs), and NCCL for the counts. Keep NVLink multicast off

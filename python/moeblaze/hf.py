@@ -17,8 +17,13 @@ Weight layouts, read as the model holds them:
 - GPT-OSS (gate_up_proj [E, d, 2n] with gate and up columns interleaved, down_proj [E, n, d],
   biases, its clamped SwiGLU): see `_gpt_oss_weights`.
 Anything else raises UnsupportedExperts naming the module and what it cannot run; nothing
-falls back silently. Expert-parallel routing (ids outside [0, E) for experts on other ranks) is
-not supported: the index build leaves such slots out and flags them in the layer's status word.
+falls back silently.
+
+Routing ids are checked: an id outside [0, E) raises InvalidArgument('topk_ids') (so does
+expert-parallel routing that marks other ranks' experts with such ids: not supported here). The router's int64 ids are range-checked before they are
+narrowed to int32, so 2**32 + 3 is an error, not expert 3. The check is a host sync per
+experts call (one 4-byte read after the index build); set_check_routing(False) skips it and
+leaves bad ids out (no output, no gradient). A CUDA graph capture skips it on its own.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from transformers.integrations.moe import ExpertsInterface, _default_apply_gate
 
 from . import _capi as C
 from . import torch as mbt
+from ._routing import narrow_expert_ids
 
 NAME = "moeblaze"
 
@@ -40,6 +46,7 @@ _GATED = {"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu", "ge
 _PLAIN = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu", "relu": "relu"}
 
 _checkpoint = "save-h"
+_check_routing = True
 
 
 class UnsupportedExperts(ValueError):
@@ -53,6 +60,13 @@ def set_checkpoint(mode: str) -> None:
     if mode not in C.MODES:
         raise C.InvalidArgument("checkpoint", f"checkpoint: '{mode}' is not one of save-h, recompute")
     _checkpoint = mode
+
+
+def set_check_routing(enabled: bool) -> None:
+    """Whether every moeblaze experts call raises InvalidArgument('topk_ids') for router ids
+    outside [0, E) (default True: a host sync per call). False leaves such picks out."""
+    global _check_routing
+    _check_routing = bool(enabled)
 
 
 class ExpertsSpec(NamedTuple):  # a NamedTuple: torch.compile traces its construction
@@ -217,9 +231,10 @@ def experts_forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weig
             _warn_once("contiguous_" + name, f"moeblaze: {type(self).__name__}'s {name} is not contiguous; it is "
                                              "copied on every forward")
     x = hidden_states.contiguous()
-    ids = top_k_index.to(torch.int32).contiguous()
+    ids = narrow_expert_ids(top_k_index, spec.experts).contiguous()
     gates = top_k_weights.to(torch.float32).contiguous()  # differentiable: the router trains
-    kwargs = dict(topk_ids=ids, topk_weights=gates, activation=spec.activation, checkpoint=_checkpoint)
+    kwargs = dict(topk_ids=ids, topk_weights=gates, activation=spec.activation, checkpoint=_checkpoint,
+                  check_routing=_check_routing)
     if biases is not None:
         kwargs.update(bias_up=biases[0], bias_down=biases[1])
     out = mbt.moe(x, w1.contiguous(), w3, w2.contiguous(), **kwargs)

@@ -6,6 +6,12 @@
   "moeblaze::backward_accumulate"): opaque to torch.compile, on the current CUDA stream, with
   saved state and scratch allocated through torch (its memory accounting sees them; autograd
   frees them), and without host syncs, so a step can be captured in a CUDA graph.
+- Caller routing (router=None) checks its ids: an id outside [0, E) (or a token that picks
+  one expert twice) raises InvalidArgument('topk_ids'). That reads the layer's status word,
+  one 4-byte device-to-host copy after the index build: a host sync per layer call.
+  check_routing=False skips it (bad ids are then left out: they add nothing to y or dx, their
+  gate gradient is 0); a forward captured into a CUDA graph skips it on its own. The built-in
+  routers' ids are always in range and never sync.
 - Weight gradients accumulate in the GEMM epilogues: when every expert weight already has a
   bf16 `.grad` (micro-batches), or a Megatron-style fp32 `main_grad`, the backward adds into it
   and hands autograd no gradient for that weight (no fresh gradient tensor, no add kernel).
@@ -20,6 +26,7 @@ import torch
 from torch import Tensor
 
 from . import _capi as C
+from ._routing import routing_check_active
 from ._validate import INT32_MAX, INT64_MAX, TensorInfo, check_device, check_int, check_moe_args, check_real
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32", torch.int32: "i32"}
@@ -111,9 +118,12 @@ def _empty(dtype=torch.float32, device="cuda") -> Tensor:
 def _forward(x: Tensor, topk_ids: Optional[Tensor], topk_weights: Optional[Tensor], w_router: Optional[Tensor],
              router_bias: Optional[Tensor], w1: Tensor, w3: Optional[Tensor], w2: Tensor, bias_up: Optional[Tensor],
              bias_down: Optional[Tensor], cfg: List[int], route_scale: float,
-             mode: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+             mode: int, check_routing: bool = False) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Returns y [T,d], saved state (uint8), the forward state (uint8, host), tokens per
-    expert (int32 [E]) and the built-in router's gates (f32 [T,K], empty otherwise)."""
+    expert (int32 [E]) and the built-in router's gates (f32 [T,K], empty otherwise).
+    check_routing (caller routing): raise InvalidArgument('topk_ids') for ids outside [0, E)
+    or a repeated expert, a host sync after the index build; skipped while the stream is
+    being captured into a CUDA graph."""
     c = _config(cfg, route_scale)
     T = check_moe_args(c, _info(x), _info(topk_ids), _info(topk_weights), _info(w_router), _info(router_bias),
                        _info(w1), _info(w3), _info(w2), _info(bias_up), _info(bias_down))
@@ -133,11 +143,16 @@ def _forward(x: Tensor, topk_ids: Optional[Tensor], topk_weights: Optional[Tenso
     if c.router:
         a.gates_out = _ref(gates)
     a.mode = mode
+    a.check_routing = int(c.router == 0 and routing_check_active(check_routing))
     a.saved, a.saved_bytes = saved.data_ptr(), plan.saved_bytes
     a.scratch, a.scratch_bytes = scratch.data_ptr(), plan.forward_scratch_bytes
     st = C.State()
     stream = torch.cuda.current_stream(x.device).cuda_stream
-    C.check(C.lib.mb_layer_forward(h, ctypes.byref(a), stream, ctypes.byref(st)))
+    code = C.lib.mb_layer_forward(h, ctypes.byref(a), stream, ctypes.byref(st))
+    if code == C.ERR_INVALID_ARGUMENT and a.check_routing and C.lib.mb_last_error_argument() == b"topk_ids":
+        raise C.InvalidArgument("topk_ids", C.lib.mb_last_error().decode() +
+                                " (check_routing=False leaves such picks out instead)")
+    C.check(code)
     state = torch.empty(_STATE_BYTES, dtype=torch.uint8)
     ctypes.memmove(state.data_ptr(), ctypes.addressof(st), _STATE_BYTES)
     off = st.expert_counts - saved.data_ptr()
@@ -146,7 +161,8 @@ def _forward(x: Tensor, topk_ids: Optional[Tensor], topk_weights: Optional[Tenso
 
 
 @_forward.register_fake
-def _(x, topk_ids, topk_weights, w_router, router_bias, w1, w3, w2, bias_up, bias_down, cfg, route_scale, mode):
+def _(x, topk_ids, topk_weights, w_router, router_bias, w1, w3, w2, bias_up, bias_down, cfg, route_scale, mode,
+      check_routing=False):
     T = x.shape[0]
     plan = C.plan_memory(_config(cfg, route_scale), T, "save-h" if mode == 0 else "recompute")
     gates = x.new_empty((T, cfg[1]), dtype=torch.float32) if cfg[5] else x.new_empty((0,), dtype=torch.float32)
@@ -241,7 +257,8 @@ _W1, _BIAS_UP = 5, 8  # positions of w1 and bias_up among the forward op's input
 
 
 def _setup_context(ctx, inputs, output):
-    x, topk_ids, topk_weights, w_router, router_bias, w1, w3, w2, bias_up, bias_down, cfg, route_scale, mode = inputs
+    x, topk_ids, topk_weights, w_router, router_bias, w1, w3, w2, bias_up, bias_down, cfg, route_scale, mode = \
+        inputs[:13]  # then check_routing, which backward does not need
     _, saved, state, _, _ = output
     ctx.save_for_backward(x, topk_weights, w_router, router_bias, w1, w3, w2, bias_up, bias_down, saved, state)
     ctx.cfg, ctx.route_scale, ctx.mode = cfg, route_scale, mode
@@ -299,7 +316,7 @@ def _accumulation_targets(weights: Sequence[Optional[Tensor]]) -> Optional[List[
 
 def _autograd_backward(ctx, dy, _dsaved, _dstate, _dcounts, _dgates):
     if dy is None:  # y did not reach the loss: no gradient flows through the layer
-        return (None,) * 13
+        return (None,) * 14
     # In save-h mode the backward writes dH over the saved H (peak memory): one backward per forward.
     if ctx.mode == 0 and getattr(ctx, "consumed", False):
         raise RuntimeError("moeblaze: this forward's saved activations were consumed by an earlier backward "
@@ -316,7 +333,7 @@ def _autograd_backward(ctx, dy, _dsaved, _dstate, _dcounts, _dgates):
         dx, dw1, dw3, dw2, dtw, dwr, dbu, dbd = _backward(*args)
     present = lambda t, g: g if t is not None else None  # noqa: E731
     return (dx, None, present(topk_weights, dtw), present(w_router, dwr), None, dw1, present(w3, dw3), dw2,
-            present(bias_up, dbu), present(bias_down, dbd), None, None, None)
+            present(bias_up, dbu), present(bias_down, dbd), None, None, None, None)
 
 
 torch.library.register_autograd("moeblaze::forward", _autograd_backward, setup_context=_setup_context)
@@ -355,14 +372,21 @@ def moe(x: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor, *, topk_ids: Op
         topk_weights: Optional[Tensor] = None, w_router: Optional[Tensor] = None, router: Optional[str] = None,
         top_k: Optional[int] = None, router_bias: Optional[Tensor] = None, renormalize: bool = False,
         route_scale: float = 1.0, activation: str = "swiglu", checkpoint: str = "save-h",
-        bias_up: Optional[Tensor] = None, bias_down: Optional[Tensor] = None) -> MoEOutput:
+        bias_up: Optional[Tensor] = None, bias_down: Optional[Tensor] = None,
+        check_routing: bool = True) -> MoEOutput:
     """The MoE layer. Caller routing: topk_ids [T,K] int32 and topk_weights [T,K] float32 (the
     gate gradient flows back to them, so the caller's router trains). Built-in router: w_router
     [E,d], router="softmax" or "sigmoid" and top_k. x [T,d] bf16, w1/w3 [E,n,d], w2 [E,d,n] bf16.
     With a gated activation and w3=None, w1 is the fused gate_up [E,2n,d] (each expert's W1 rows,
     then its W3 rows: Hugging Face's gate_up_proj), read in place; its gradient has its layout.
     Expert biases (GPT-OSS; both or neither): bias_up [E, G*n] ([gate | up] per expert, added to
-    A and B), bias_down [E, d] (added to each expert's output before the gate)."""
+    A and B), bias_down [E, d] (added to each expert's output before the gate).
+
+    check_routing (caller routing): an id outside [0, E), or a token picking one expert twice,
+    raises InvalidArgument('topk_ids'). The check reads the layer's status word after the
+    index build, a host sync (one 4-byte copy) per call that keeps the CPU from queueing work
+    ahead of the GPU; False skips it, and bad ids are then left out (no output, no gradient,
+    d_topk_weights 0 for them). Skipped while a CUDA graph is being captured."""
     if checkpoint not in C.MODES:
         raise C.InvalidArgument("checkpoint", f"checkpoint: '{checkpoint}' is not one of save-h, recompute")
     _check_devices(x=x, w1=w1, w3=w3, w2=w2, topk_ids=topk_ids, topk_weights=topk_weights, w_router=w_router,
@@ -395,7 +419,7 @@ def moe(x: Tensor, w1: Tensor, w3: Optional[Tensor], w2: Tensor, *, topk_ids: Op
                     bias_up is not None)
     y, _, _, counts, gates = torch.ops.moeblaze.forward(x, topk_ids, topk_weights, w_router, router_bias, w1, w3,
                                                         w2, bias_up, bias_down, cfg, float(route_scale),
-                                                        C.MODES[checkpoint])
+                                                        C.MODES[checkpoint], bool(check_routing))
     return MoEOutput(y, counts, gates)
 
 
@@ -443,7 +467,9 @@ class MoE(torch.nn.Module):
                 self.gate.weight.uniform_(-(3.0 / d) ** 0.5, (3.0 / d) ** 0.5)
 
     def forward(self, hidden_states: Tensor, topk_ids: Optional[Tensor] = None,
-                topk_weights: Optional[Tensor] = None) -> MoEOutput:
+                topk_weights: Optional[Tensor] = None, check_routing: bool = True) -> MoEOutput:
+        """check_routing: with router=None, as moeblaze.torch.moe's (a host sync per call; the
+        built-in router's ids need no check)."""
         # "x" is what the op and every message call the input.
         _check_devices(x=hidden_states, w1=self.w1, w3=self.w3, w2=self.w2, topk_ids=topk_ids,
                        topk_weights=topk_weights, w_router=self.gate.weight if self.gate is not None else None)
@@ -454,7 +480,8 @@ class MoE(torch.nn.Module):
             raise C.InvalidArgument("topk_ids", "topk_ids: a layer without router needs topk_ids and topk_weights")
         y, _, _, counts, gates = torch.ops.moeblaze.forward(
             x, topk_ids, topk_weights, self.gate.weight if self.gate is not None else None, self.e_score_correction_bias,
-            self.w1, self.w3, self.w2, None, None, self.cfg, self.route_scale, C.MODES[self.checkpoint])
+            self.w1, self.w3, self.w2, None, None, self.cfg, self.route_scale, C.MODES[self.checkpoint],
+            bool(check_routing))
         return MoEOutput(y.reshape(*lead, y.shape[-1]), counts, gates)
 
     def extra_repr(self) -> str:

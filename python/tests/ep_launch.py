@@ -39,3 +39,38 @@ def bitwise_equal(a, b):
 def rel(a, b):
     a, b = a.double(), b.double()
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+# One rank's bad input (ep_worker.fault_call; "E" is the case's expert count), in this order:
+# layout mismatches first, since the ranks compare layouts at the first call of each (a rank
+# that changed its layout later would compare alone), then what every call's counts exchange
+# carries.
+FAULTS = [
+    dict(name="num_experts", rank=1, kind="num_experts", value="2E"),
+    dict(name="experts_local", rank=0, kind="experts_local"),
+    dict(name="top_k", rank=1, kind="top_k"),
+    dict(name="chunks", rank=1, kind="chunks", value=2),
+    dict(name="x_dtype", rank=0, kind="x_dtype"),
+    dict(name="bad_id_E", rank=1, kind="bad_id", value="E"),
+    dict(name="bad_id_negative", rank=0, kind="bad_id", value=-1),
+    dict(name="bad_id_int32_max", rank=1, kind="bad_id", value=2**31 - 1),
+    dict(name="weights_shape", rank=1, kind="weights_shape"),
+]
+EXPECTED_ARGUMENT = {"num_experts": "num_experts", "experts_local": "w1", "top_k": "topk_ids", "chunks": "chunks",
+                     "x_dtype": "x", "bad_id_E": "topk_ids", "bad_id_negative": "topk_ids", "bad_id_int32_max": "topk_ids",
+                     "weights_shape": "topk_weights"}
+LAYOUT_FAULTS = ("num_experts", "experts_local", "top_k", "chunks", "x_dtype")
+
+
+def check_fault_raised_everywhere(results, name, case=0):
+    """Every rank raised InvalidArgument naming the argument of fault `name`; a layout mismatch
+    with every rank's value, another rank's fault naming that rank."""
+    bad_rank = next(f["rank"] for f in FAULTS if f["name"] == name)
+    for rank, res in enumerate(results):
+        got = res[case][name]
+        assert got["raised"] == "InvalidArgument", (rank, got)
+        assert got["argument"] == EXPECTED_ARGUMENT[name], (rank, got)
+        if name in LAYOUT_FAULTS:
+            assert "disagree" in got["message"] and "rank 0" in got["message"] and "rank 1" in got["message"], got
+        elif rank != bad_rank:
+            assert f"rank {bad_rank}" in got["message"], got  # the others name the rank at fault

@@ -12,7 +12,11 @@ Modes (a case's "mode"):
   the whole batch (rank 0).
 - "fsdp": a (dp, ep) DeviceMesh, EPMoE with fully_shard_ep, one step; then EP = 1 on rank 0
   alone without FSDP over the whole batch.
+- "faults": for each of the case's "faults" (one rank's input made bad: see fault_call), an
+  EP call on every rank, recording what each raised; then a healthy call ("after"), which
+  only works when every rank left the faulty call at the same collective.
 """
+import datetime
 import json
 import os
 import sys
@@ -165,6 +169,53 @@ def mode_fsdp(cfg, rank, world, dev):
     return results
 
 
+def fault_call(cfg, data, dev, rank, world, fault):
+    """One EP forward + backward where rank fault["rank"] gets a bad input: "bad_id" (its
+    first token's pick 0 becomes fault["value"]: a number, "E" or "2E"), "num_experts" /
+    "chunks" (its value is fault["value"]), "experts_local" (one expert fewer in its
+    weights), "top_k" (its last pick dropped), "x_dtype" (x in float16), "weights_shape"
+    (topk_weights one token short). Returns what it raised, as {"raised": type, "argument":
+    ..., "message": ...}, or {"raised": None, "y": ..., "dx": ...}."""
+    T, dt, gdt = cfg["T"], DTYPES[cfg["dtype"]], DTYPES[cfg.get("gate_dtype", cfg["dtype"])]
+    start, local = sum(T[:rank]), cfg["E"] // world
+    r0, r1, e0, e1 = start, start + T[rank], rank * local, (rank + 1) * local
+    x = leaf(data["x"][r0:r1], dt, dev)
+    ids = data["ids"][r0:r1].clone()
+    gates = leaf(data["gates"][r0:r1], gdt, dev)
+    w1, w3, w2 = (leaf(data[k][e0:e1], dt, dev) for k in ("w1", "w3", "w2"))
+    kw = dict(num_experts=cfg["E"], chunks=1, engine=engine_of(cfg))
+    kind = fault["kind"] if fault.get("rank") == rank else None
+    value = {"E": cfg["E"], "2E": 2 * cfg["E"]}.get(fault.get("value"), fault.get("value"))
+    if kind == "bad_id":
+        ids[0, 0] = value
+    elif kind in ("num_experts", "chunks"):
+        kw[kind] = value
+    elif kind == "experts_local":
+        w1, w3, w2 = (w[:-1].detach().clone().requires_grad_() for w in (w1, w3, w2))
+    elif kind == "top_k":
+        ids, gates = ids[:, :-1].contiguous(), gates[:, :-1].detach().clone().requires_grad_()
+    elif kind == "x_dtype":
+        x = x.detach().to(torch.float16).requires_grad_()
+    elif kind == "weights_shape":
+        gates = gates[:-1].detach().clone().requires_grad_()
+    try:
+        out = ep_moe(x, w1, w3, w2, ids.to(dev), gates, **kw)
+        out.y.backward(data["dy"][r0:r1].to(dev, dt))
+    except Exception as e:  # noqa: BLE001 - what was raised is the result
+        return dict(raised=type(e).__name__, argument=getattr(e, "argument", None), message=str(e))
+    return dict(raised=None, y=out.y.detach().cpu(), dx=x.grad.cpu())
+
+
+def mode_faults(cfg, rank, world, dev):
+    data = make_data(cfg)
+    results = {f["name"]: fault_call(cfg, data, dev, rank, world, f) for f in cfg["faults"]}
+    results["after"] = fault_call(cfg, data, dev, rank, world, {})
+    return results
+
+
+MODES = {"ep": mode_ep, "fsdp": mode_fsdp, "faults": mode_faults}
+
+
 def main():
     """argv[1]: {"world", "backend", "device", "init_file", "out_dir", "cases": [case, ...]}
     ("device": "cpu", "cuda:0" for every rank on one GPU, or "cuda:{rank}");
@@ -175,13 +226,14 @@ def main():
     dev = torch.device(cfg.get("device", "cpu").format(rank=rank))  # "cuda:{rank}": one GPU per rank
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
+    # "pg_timeout_s": a collective that waits longer fails, so that a hang shows as an error
+    timeout = datetime.timedelta(seconds=cfg.get("pg_timeout_s", 1800))
     dist.init_process_group(cfg.get("backend", "gloo"), init_method="file://" + cfg["init_file"], rank=rank,
-                            world_size=world)
+                            world_size=world, timeout=timeout)
     try:
         results = []
         for case in cfg["cases"]:
-            run = mode_ep if case["mode"] == "ep" else mode_fsdp
-            results.append(run(case, rank, world, dev))
+            results.append(MODES[case["mode"]](case, rank, world, dev))
         torch.save(results, os.path.join(cfg["out_dir"], f"rank{rank}.pt"))
         dist.barrier()
     finally:

@@ -19,7 +19,7 @@ if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("needs torch.distributed with gloo", allow_module_level=True)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ep_launch import bitwise_equal, launch, rel  # noqa: E402
+from ep_launch import FAULTS, bitwise_equal, check_fault_raised_everywhere, launch, rel  # noqa: E402
 
 from moeblaze.reference import moe as ref_moe  # noqa: E402
 
@@ -120,3 +120,24 @@ def test_fsdp2_on_dp_with_ep(four_ranks):
             if k in ref:
                 assert rel(res[r]["fsdp"][k] * world, ref[k][lo:hi]) < 1e-6, (r, k)
                 assert res[r]["fsdp"][k].abs().sum() > 0
+
+
+# One rank's bad input, two ranks over gloo (ep_launch.FAULTS): every rank raises at the same
+# call, and a healthy call afterwards works.
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory):
+    case = dict(BASE, mode="faults", T=[6, 5], chunks=[1], faults=FAULTS)
+    return launch([case], 2, tmp_path_factory.mktemp("faults"), timeout_s=300, pg_timeout_s=60)
+
+
+@pytest.mark.parametrize("name", [f["name"] for f in FAULTS])
+def test_one_ranks_bad_input_raises_on_every_rank(name, faults):
+    check_fault_raised_everywhere(faults, name)
+
+
+def test_the_group_works_after_the_faults(faults):
+    ref = reference(dict(BASE, T=[6, 5]))
+    y = torch.cat([faults[r][0]["after"]["y"] for r in range(2)])
+    dx = torch.cat([faults[r][0]["after"]["dx"] for r in range(2)])
+    assert faults[0][0]["after"]["raised"] is None and faults[1][0]["after"]["raised"] is None
+    assert torch.equal(y, ref["y"].double()) and torch.equal(dx, ref["dx"].double())

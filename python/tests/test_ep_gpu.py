@@ -7,7 +7,9 @@
 - EP = 2 in two processes on the same GPU with gloo for the exchange (staged through host
   memory; NCCL refuses two ranks on one GPU) against EP = 1 bit for bit: y, dx, the gate
   gradient, every weight gradient, for 1 and 2 chunks, random and skewed routing, a rank
-  without tokens, save-h and recompute.
+  without tokens, save-h and recompute;
+- one rank's bad layout, expert id or argument (ep_launch.FAULTS) raises on both ranks, and
+  the group works afterwards.
 
 A fresh kernel cache (MOEBLAZE_CACHE) holds no tuned tiles, so every run uses the default
 tiles, whose results do not depend on the local expert count (README, Expert parallelism)."""
@@ -21,7 +23,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ep_launch import bitwise_equal, launch, rel  # noqa: E402
+from ep_launch import FAULTS, bitwise_equal, check_fault_raised_everywhere, launch, rel  # noqa: E402
 
 KEYS = ("y", "dx", "dgates", "dw1", "dw3", "dw2")
 CASE = dict(mode="ep", engine="moeblaze", dtype="bfloat16", gate_dtype="float32", activation="swiglu", E=8, K=2,
@@ -64,6 +66,17 @@ def test_ep2_on_one_gpu_equals_ep1_bitwise(tmp_path, cache_env):
                 assert bitwise_equal(got, ep1[k]), (i, chunks, k)
                 assert bitwise_equal(ep1[k], res[0][i]["ep1_c1"][k]), (i, "chunks change bits", chunks, k)
     assert_close_to(res[0][0]["ep1_c1"], res[0][0]["plain"])
+
+
+def test_one_ranks_bad_input_raises_on_every_rank(tmp_path, cache_env):
+    case = dict(CASE, mode="faults", T=[300, 212], chunks=[1], faults=FAULTS)
+    res = launch([case], 2, tmp_path, backend="gloo", device="cuda:0", env=cache_env, timeout_s=400, pg_timeout_s=120)
+    for f in FAULTS:
+        check_fault_raised_everywhere(res, f["name"])
+    for r in range(2):
+        after = res[r][0]["after"]
+        assert after["raised"] is None, after
+        assert torch.isfinite(after["y"].float()).all() and after["y"].float().abs().sum() > 0
 
 
 @pytest.mark.parametrize("K,d,dtype", [(8, 7168, torch.bfloat16), (1, 256, torch.bfloat16), (3, 200, torch.float32)])

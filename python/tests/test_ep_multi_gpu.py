@@ -4,7 +4,9 @@ nvidia-h200-x2 with NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHME
 - EP = 2 == EP = 1 (rank 0 alone, the batches concatenated) bit for bit, 1 and 2 chunks;
 - FSDP2 on the dp dimension of a (dp=1, ep=2) mesh against EP = 1 without FSDP;
 - the device-split exchange (exchange="symm_mem", NVSHMEM) against the NCCL path bit for
-  bit, where torch has NVSHMEM."""
+  bit, where torch has NVSHMEM;
+- one rank's bad layout, expert id or argument (ep_launch.FAULTS) raises on both ranks over
+  NCCL (whose collectives would otherwise wait 10 minutes), and the group works afterwards."""
 import os
 import sys
 
@@ -15,7 +17,7 @@ if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
     pytest.skip("needs two CUDA GPUs", allow_module_level=True)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ep_launch import bitwise_equal, launch, rel  # noqa: E402
+from ep_launch import FAULTS, bitwise_equal, check_fault_raised_everywhere, launch, rel  # noqa: E402
 
 KEYS = ("y", "dx", "dgates", "dw1", "dw3", "dw2")
 CASE = dict(mode="ep", engine="moeblaze", dtype="bfloat16", gate_dtype="float32", activation="swiglu", E=16, K=4,
@@ -59,3 +61,12 @@ def test_symm_mem_exchange_equals_nccl(tmp_path, env):
     for r in range(2):
         for k in KEYS:
             assert bitwise_equal(res[r][1]["world_c1"][k], res[r][0]["world_c1"][k]), (r, k)
+
+
+def test_one_ranks_bad_input_raises_on_every_rank_over_nccl(tmp_path, env):
+    case = dict(CASE, mode="faults", T=[300, 212], chunks=[1], faults=FAULTS)
+    res = launch([case], 2, tmp_path, backend="nccl", device="cuda:{rank}", env=env, timeout_s=400, pg_timeout_s=120)
+    for f in FAULTS:
+        check_fault_raised_everywhere(res, f["name"])
+    for r in range(2):
+        assert res[r][0]["after"]["raised"] is None, res[r][0]["after"]

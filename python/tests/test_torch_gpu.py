@@ -2,6 +2,7 @@
 gradients, a short training run, CUDA-graph replay, torch.compile. Skipped without torch
 or a GPU. Heavy suite shapes run with MOEBLAZE_SUITE=1."""
 import os
+import sys
 
 import pytest
 
@@ -11,6 +12,8 @@ if not torch.cuda.is_available():
 
 import moeblaze.torch as mbt  # noqa: E402
 from moeblaze.reference import ReferenceMoE, moe as ref_moe  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # loss_curves
 
 
 def rel(a, b):
@@ -123,47 +126,36 @@ def test_bad_input_is_rejected_before_launch():
     assert e.value.argument == "x"
 
 
-def _tiny_model(use_moeblaze, seed=0):
-    torch.manual_seed(seed)
-    layers = [make_layer(16, 2, 128, 128) for _ in range(3)]
-
-    class Model(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.moes = torch.nn.ModuleList(layers)
-            self.refs = [ReferenceMoE(l) for l in layers]
-            self.head = torch.nn.Linear(128, 1, device="cuda", dtype=torch.bfloat16)
-
-        def forward(self, x):
-            for m, r in zip(self.moes, self.refs):
-                x = x + (m(x).y if use_moeblaze else r(x))
-            return self.head(x)
-
-    return Model()
-
-
 def test_training_loss_curves_agree():
-    curves = []
-    for use in (True, False):
-        model = _tiny_model(use)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        g = torch.Generator(device="cuda").manual_seed(5)
-        losses = []
-        for step in range(200):
-            x = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-            target = x[:, :1].float().sin()
-            loss = torch.nn.functional.mse_loss(model(x).float(), target)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        curves.append(losses)
-    a, b = torch.tensor(curves[0]), torch.tensor(curves[1])
-    # Each step's loss carries bf16 rounding noise of its own (different summation orders), so
-    # the curves are compared over windows of 10 steps: every window mean within 1%.
-    wa, wb = a.view(-1, 10).mean(1), b.view(-1, 10).mean(1)
-    assert ((wa - wb).abs() / wb.abs()).max().item() < 0.01, ((wa - wb).abs() / wb.abs())
-    assert a[-20:].mean() < a[:20].mean()  # it trains
+    """moeblaze trains like the float32 reference, as closely as correct implementations of the
+    layer agree with each other on the same run (loss_curves.py: the model, and the table).
+
+    A single run cannot be held to a fixed bound: it is chaotic. AdamW's first updates turn a
+    gradient's rounding into a whole update (m / sqrt(v) is its sign) on bf16 weights, and a
+    near-tie in the router sends a token elsewhere. On this model (CPU runs of loss_curves.py)
+    float32 and float64 arithmetic of the same reference, whose first losses agree to 1e-6,
+    differ by 0.1% after one update and by ~1% a step from step 10 on; their 10-step window
+    means by up to 0.51%, and the reference with moeblaze's bf16 rounding points ("emulated")
+    by up to 0.78% from float32 and 1.04% from float64 (another set of weights: 0.87%, 1.38%).
+    The old bound, every window within 1%, sat inside that spread. So the floor is measured
+    here, on the same weights and data: the window differences among eager32, eager64 and
+    emulated; moeblaze against eager32 may exceed their largest by half and a quarter percent
+    (max) and by half and a tenth of a percent (mean), and it must train. On the CPU runs that
+    bound (1.82%) caught a router without gradient (1.89%) and a down_proj gradient given to
+    the next expert (27%)."""
+    from loss_curves import report, train, window_differences
+    curves = {impl: train(impl) for impl in ("moeblaze", "eager32", "eager64", "emulated")}
+    print(report(curves))  # pytest -s shows the table: drift would be moeblaze vs emulated above the floor
+    got = window_differences(curves["moeblaze"], curves["eager32"])
+    floor = [window_differences(curves[a], curves[b])
+             for a, b in (("eager64", "eager32"), ("emulated", "eager32"), ("emulated", "eager64"))]
+    floor_max, floor_mean = max(f.max().item() for f in floor), max(f.mean().item() for f in floor)
+    detail = (f"moeblaze vs eager32: max {got.max():.4f} mean {got.mean():.4f}; "
+              f"floor: max {floor_max:.4f} mean {floor_mean:.4f}; {got.tolist()}")
+    assert got.max().item() <= 1.5 * floor_max + 0.0025, detail
+    assert got.mean().item() <= 1.5 * floor_mean + 0.001, detail
+    a = torch.tensor(curves["moeblaze"])
+    assert a[-20:].mean() < 0.5 * a[:20].mean(), detail  # it trains (the CPU runs: 1.3 to 0.25)
 
 
 def test_second_backward_of_one_forward_is_refused():

@@ -45,7 +45,7 @@ MB_DEV void bias_grad(const BiasGradArgs& p) {
     const bf16_t* dy = static_cast<const bf16_t*>(p.dy);
     for (int slot = slot0; slot < slot1; ++slot) {
       const i64 t = p.rv.expert_token_indices[slot];
-      s += slot_gate<K>(p.rv, slot, e) * bf2f(dy[t * D + col]);
+      s += slot_gate<K>(p.rv, slot) * bf2f(dy[t * D + col]);
     }
     store_bias_grad(p.d_bias_down, static_cast<i64>(e) * D + col, s, p.grad_output);
   }
@@ -59,7 +59,7 @@ MB_DEV void gate_bias_grad(const GateBiasGradArgs& p) {
   if (slot >= p.slots) return;
   const i64 t = slot / K;
   const int e = p.token_expert_indices[slot];
-  if (e < 0 || e >= E) return;  // an id the index build rejected (and flagged)
+  if (e < 0 || e >= E) return;  // kLeftOutSlot: left out by the index build (gate_grad wrote its 0)
   const bf16_t* dy = static_cast<const bf16_t*>(p.dy) + t * D;
   const bf16_t* b = static_cast<const bf16_t*>(p.bias_down) + static_cast<i64>(e) * D;
   float s = 0.f;

@@ -56,6 +56,12 @@ enum RoutingStatus : int {
   routing_duplicate_expert = 2,
 };
 
+// What the index build writes into token_index_map and token_expert_indices for a slot whose
+// id is outside [0, E): the slot is left out (no expert holds it, so no GEMM and no tile
+// schedule sees it), and every token-major reader skips it: it adds nothing to y or dx and its
+// gate gradient is 0.
+constexpr int kLeftOutSlot = -1;
+
 // The mainloop of a GEMM tile: the generator's TileConfig::mainloop and gemm::Tile's MAINLOOP_
 // (gemm/tile.cuh). The glossary of docs/design.md gives each its tile-name suffix and template.
 //   mma_sync          mma.sync warps, one cp.async pipeline shared by all warps

@@ -17,7 +17,9 @@ constexpr int SLOTS_PER_WARP = 256;
 constexpr int SLOTS_PER_BLOCK = WARPS * SLOTS_PER_WARP;
 
 // Expert of a slot, or -1 for a slot past the end or a bad id (reported in the status
-// word when `report`; the slot is then left out so that nothing is written out of bounds).
+// word when `report`; the slot is then left out: kLeftOutSlot in the token-major arrays).
+// A token that picks one expert twice is reported too, but both slots are kept: each is a
+// slot of its own, and its readers find it by position (slot_gate.cuh).
 template <int E, int K>
 MB_DEV int slot_expert(const IndexBuildArgs& p, i64 slot, bool report) {
   if (slot >= p.tokens * K) return -1;
@@ -160,9 +162,9 @@ MB_DEV void scatter(const IndexBuildArgs& p) {
       p.expert_token_indices[pos] = static_cast<int>(slot / K);
       p.token_index_map[slot] = pos;
       p.token_expert_indices[slot] = e;
-    } else if (slot < total) {  // bad id, already reported: keep later reads in bounds
-      p.token_index_map[slot] = 0;
-      p.token_expert_indices[slot] = 0;
+    } else if (slot < total) {  // bad id, already reported: every reader skips the slot
+      p.token_index_map[slot] = kLeftOutSlot;
+      p.token_expert_indices[slot] = kLeftOutSlot;
     }
     __syncwarp();
     if (e >= 0 && lane == __ffs(peers) - 1) base[warp][e] += __popc(peers);

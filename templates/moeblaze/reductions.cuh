@@ -1,6 +1,8 @@
 // Token-major gather-sums through token_index_map: the combine (y_t = sum_j g_tj o_tj),
 // the token gradient (dx_t += sum_j dx_slot, onto the router's part) and the gate-gradient reduction. Each output
 // element is summed by one thread in a fixed order: no atomics, bitwise reproducible.
+// A left-out slot (kLeftOutSlot: its id was outside [0, E)) has no row: the sums skip it (its
+// gate is never read, so even a NaN gate there changes nothing) and its gate gradient is 0.
 #pragma once
 #include "moeblaze/device.cuh"
 #include "moeblaze/kernel_args.cuh"
@@ -38,6 +40,7 @@ MB_DEV void combine(const CombineArgs& p) {
     }
 #pragma unroll
     for (int j = 0; j < K; ++j) {
+      if (pos[j] == kLeftOutSlot) continue;  // the same for the whole block: no divergence
       const uint4 v = *reinterpret_cast<const uint4*>(rows + static_cast<i64>(pos[j]) * D + c);
       const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
 #pragma unroll
@@ -60,7 +63,12 @@ template <int N_TILES>
 MB_DEV void gate_grad(const GateGradArgs& p) {
   const i64 s = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (s >= p.slots) return;
-  const float* part = p.gate_partials + static_cast<i64>(p.token_index_map[s]) * N_TILES;
+  const int pos = p.token_index_map[s];
+  if (pos == kLeftOutSlot) {
+    p.d_topk_weights[s] = 0.f;
+    return;
+  }
+  const float* part = p.gate_partials + static_cast<i64>(pos) * N_TILES;
   float v = 0.f;
 #pragma unroll 4
   for (int i = 0; i < N_TILES; ++i) v += part[i];

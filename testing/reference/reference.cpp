@@ -537,6 +537,34 @@ IndexArrays build_index(const int32_t* ids, int64_t T, int K, int E) {
   return ix;
 }
 
+IndexArrays build_index_left_out(const int32_t* ids, int64_t T, int K, int E) {
+  require(T >= 0 && K >= 1 && E >= 1, "build_index_left_out: T >= 0, K >= 1, E >= 1");
+  require(ids != nullptr || T == 0, "topk_ids: is null");
+  const int64_t slots = T * K;
+  auto in_range = [&](int64_t s) { return ids[s] >= 0 && ids[s] < E; };
+  for (int64_t s = 0; s < slots; ++s)
+    for (int64_t other = s / K * K; other < s; ++other)
+      if (in_range(s) && ids[other] == ids[s])
+        fail("topk_ids: token " + std::to_string(s / K) + " picks expert " + std::to_string(ids[s]) + " twice");
+  IndexArrays ix;
+  ix.expert_token_offsets.assign(E + 1, 0);
+  for (int64_t s = 0; s < slots; ++s)
+    if (in_range(s)) ++ix.expert_token_offsets[ids[s] + 1];
+  for (int e = 0; e < E; ++e) ix.expert_token_offsets[e + 1] += ix.expert_token_offsets[e];
+  std::vector<int32_t> cursor(ix.expert_token_offsets.begin(), ix.expert_token_offsets.end() - 1);
+  ix.expert_token_indices.assign(slots, kLeftOutSlot);
+  ix.token_expert_indices.assign(slots, kLeftOutSlot);
+  ix.token_index_map.assign(slots, kLeftOutSlot);
+  for (int64_t s = 0; s < slots; ++s) {
+    if (!in_range(s)) continue;
+    const int32_t pos = cursor[ids[s]]++;
+    ix.expert_token_indices[pos] = static_cast<int32_t>(s / K);
+    ix.token_expert_indices[s] = ids[s];
+    ix.token_index_map[s] = pos;
+  }
+  return ix;
+}
+
 // ---- router -----------------------------------------------------------------------------------
 
 std::vector<double> router_logits(const bf16* x, const bf16* w_router, int64_t T, int d, int E) {

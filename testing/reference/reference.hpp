@@ -37,6 +37,12 @@ struct IndexArrays {
 // ids: [T*K] token-major. Throws std::invalid_argument naming "topk_ids" when an id is
 // outside [0,E) or a token picks the same expert twice.
 IndexArrays build_index(const int32_t* ids, int64_t T, int K, int E);
+// The index arrays of ids that may lie outside [0,E) (the GPU's index build with its check
+// off): such a slot is left out, kLeftOutSlot in token_expert_indices and token_index_map,
+// and in no expert; expert_token_indices holds the expert_token_offsets[E] slots that are
+// in, ascending per expert, and kLeftOutSlot after them. Throws like build_index on a token
+// that picks one expert twice.
+IndexArrays build_index_left_out(const int32_t* ids, int64_t T, int K, int E);
 
 // ---- router -------------------------------------------------------------------------
 struct RouterSpec {

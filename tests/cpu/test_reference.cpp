@@ -316,6 +316,32 @@ TEST_CASE("reference: build_index rejects out-of-range and duplicate ids") {
   CHECK_THROWS_AS(ref::build_index(ids.data(), 4, 0, 8), std::invalid_argument);
 }
 
+TEST_CASE("reference: build_index_left_out leaves ids outside [0, E) out of the worked example") {
+  // The worked example of docs/design.md with T0's second pick (3) and T2's first (0) bad.
+  constexpr int32_t kLeftOutSlot = moeblaze::kLeftOutSlot;
+  const int32_t kBad[] = {4, -1, 1 << 30, 2147483647};
+  for (int32_t bad : kBad) {
+    CAPTURE(bad);
+    const std::vector<int32_t> ids{2, bad, 0, 1, bad, 3, 1, 2, 0, 3};
+    const auto ix = ref::build_index_left_out(ids.data(), 5, 2, 4);
+    // expert 0: T1, T4; expert 1: T1, T3; expert 2: T0, T3; expert 3: T2, T4
+    CHECK(ix.expert_token_offsets == std::vector<int32_t>{0, 2, 4, 6, 8});
+    CHECK(ix.expert_token_indices == std::vector<int32_t>{1, 4, 1, 3, 0, 3, 2, 4, kLeftOutSlot, kLeftOutSlot});
+    CHECK(ix.token_expert_indices == std::vector<int32_t>{2, kLeftOutSlot, 0, 1, kLeftOutSlot, 3, 1, 2, 0, 3});
+    CHECK(ix.token_index_map == std::vector<int32_t>{4, kLeftOutSlot, 0, 2, kLeftOutSlot, 6, 3, 5, 1, 7});
+  }
+  // Without bad ids it is build_index.
+  const std::vector<int32_t> good{2, 3, 0, 1, 0, 3, 1, 2, 0, 3};
+  const auto a = ref::build_index(good.data(), 5, 2, 4), b = ref::build_index_left_out(good.data(), 5, 2, 4);
+  CHECK(a.expert_token_indices == b.expert_token_indices);
+  CHECK(a.expert_token_offsets == b.expert_token_offsets);
+  CHECK(a.token_expert_indices == b.token_expert_indices);
+  CHECK(a.token_index_map == b.token_index_map);
+  const std::vector<int32_t> twice{1, 1, 0, 2};
+  CHECK(thrown_message([&] { ref::build_index_left_out(twice.data(), 2, 2, 4); }).find("picks expert 1 twice") !=
+        std::string::npos);
+}
+
 // ---- activations and router --------------------------------------------------------
 
 TEST_CASE("reference: activations match their formulas and derivatives") {

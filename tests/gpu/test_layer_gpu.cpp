@@ -103,6 +103,55 @@ TEST_CASE("gpu: layer forward and backward match the CPU reference") {
   }
 }
 
+// Caller-routing ids outside [0, E) with the routing check off: each such pick is left out,
+// so the layer must compute exactly what the CPU reference computes without it (its gate 0),
+// write every output element (they start as NaN, and the bad picks' gates are NaN too: a
+// left-out slot's gate must never be read), and give the left-out slots a gate gradient of
+// exactly 0. One pick each is E, E + 5 and -1, and one token has every pick 2^31 - 1 (its y
+// and dx rows are 0). The cases cover the kernels that read a slot token-major: the combine
+// (forward and dx), gate_grad, down_dgrad's gates, the bias gradients, and the chunked forward.
+TEST_CASE("gpu: caller-routing ids outside [0, E) are left out: outputs and gradients of the reference without them") {
+  DeviceContext ctx(0);
+  struct BadCase {
+    const char* name;
+    MoeShape shape;
+    int64_t tokens;
+    CheckpointMode mode = CheckpointMode::save_h;
+    WeightLayout layout = WeightLayout::separate;
+    Activation act = Activation::swiglu;
+    bool expert_bias = false;
+  };
+  const BadCase cases[] = {
+      {"swiglu", {16, 4, 256, 128}, 700},
+      {"recompute, top-1", {8, 1, 128, 128}, 300, CheckpointMode::recompute},
+      {"n > d (chunked forward)", {8, 2, 256, 768}, 600, CheckpointMode::save_h, WeightLayout::fused_gate_up},
+      {"gpt-oss: biases", {32, 4, 256, 128}, 500, CheckpointMode::save_h, WeightLayout::fused_gate_up,
+       Activation::clamped_swiglu, true},
+  };
+  for (const BadCase& b : cases) {
+    SUBCASE(b.name) {
+      LayerCheckOptions o;
+      o.layer.shape = b.shape;
+      o.layer.activation = b.act;
+      o.layer.weight_layout = b.layout;
+      o.layer.expert_bias = b.expert_bias;
+      o.tokens = b.tokens;
+      o.mode = b.mode;
+      o.sample_tokens = 512;
+      o.sample_experts = 4;
+      const int E = b.shape.experts, K = b.shape.topk;
+      const int64_t T = b.tokens;
+      o.bad_ids = {{1 * K + (K - 1), E}, {(T / 2) * K, E + 5}, {(T / 3) * K + (K - 1) / 2, -1}};
+      for (int j = 0; j < K; ++j) o.bad_ids.push_back({(T - 1) * K + j, 2147483647});
+      const LayerCheckResult r = run_layer_check(o);
+      tests::check_layer_result(b.name, r, o.tolerance);
+      bool has_own_lines = false;  // the check compared the bad tokens on lines of their own
+      for (const auto& e : r.errors) has_own_lines |= e.name.find("left-out") != std::string::npos;
+      CHECK(has_own_lines);
+    }
+  }
+}
+
 TEST_CASE("gpu: routing ids on the device that are out of range or repeated are reported, nothing is written out of bounds") {
   DeviceContext ctx(0);
   LayerConfig l;

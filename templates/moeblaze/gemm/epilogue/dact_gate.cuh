@@ -43,7 +43,7 @@ MB_DEV void act_bwd_element(float a, float b, float d, float g, float& da, float
 template <class Cfg, int K>
 MB_DEV void load_tile_gates(const RoutingView& rv, const SlotTile& t, float (&gate_s)[Cfg::BM]) {
   for (int r = consumer_tid<Cfg>(); r < Cfg::BM; r += Cfg::THREADS)
-    gate_s[r] = r < t.rows ? slot_gate<K>(rv, t.slot0 + r, t.expert) : 0.f;
+    gate_s[r] = r < t.rows ? slot_gate<K>(rv, t.slot0 + r) : 0.f;
 }
 
 // The tile's H lines (its rows' G parts of BN columns, 128 bytes a prefetch) brought into L2
