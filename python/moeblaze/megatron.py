@@ -74,6 +74,15 @@ def _main_grad(name: str, w: Tensor) -> Tensor:
     return main
 
 
+def dummy_wgrad_for(w: Optional[Tensor], target: Optional[Tensor]) -> Optional[Tensor]:
+    """What the fused backward returns for a weight whose gradient it added into `target`: the
+    dummy wgrad when target is the weight's fp32 main_grad and Megatron tracks the weight
+    (grad_added_to_main_grad), else None (a bf16 .grad was added in place)."""
+    if w is None or target is None or target.dtype != torch.float32 or not hasattr(w, "grad_added_to_main_grad"):
+        return None
+    return _dummy_for(w)
+
+
 def _dummy_for(w: Tensor) -> Optional[Tensor]:
     if not hasattr(w, "grad_added_to_main_grad"):
         return None

@@ -328,7 +328,12 @@ def _autograd_backward(ctx, dy, _dsaved, _dstate, _dcounts, _dgates):
     targets = _accumulation_targets((w1, w3, w2, bias_up, bias_down)) if ctx.needs_input_grad[_W1] else None
     if targets is not None:
         dx, dtw, dwr = torch.ops.moeblaze.backward_accumulate(*args, *targets)
-        dw1 = dw3 = dw2 = dbu = dbd = None  # already added into .grad / main_grad
+        # Already added into .grad / main_grad. A weight Megatron tracks (grad_added_to_main_grad)
+        # gets Transformer Engine's dummy gradient instead of None, so that its DDP hook fires
+        # (under overlap_grad_reduce it asserts on a None gradient) and skips the add.
+        from .megatron import dummy_wgrad_for
+
+        dw1, dw3, dw2, dbu, dbd = (dummy_wgrad_for(w, t) for w, t in zip((w1, w3, w2, bias_up, bias_down), targets))
     else:
         dx, dw1, dw3, dw2, dtw, dwr, dbu, dbd = _backward(*args)
     present = lambda t, g: g if t is not None else None  # noqa: E731
