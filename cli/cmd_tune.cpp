@@ -100,10 +100,14 @@ Command tune_command() {
     print_notices(cache);
     if (!cache.writable()) throw CacheError(fmt::format("cache {} is read-only: tuning stores into it", cache.path()));
     const TuneReport r = tune_layer(o, cache);
+    const std::string shortfall = r.shortfall();
     if (st->json) {
       nlohmann::json j{{"layer", r.layer},       {"device", r.device},       {"policy", r.policy},
                        {"timed", r.timed},        {"why_not_timed", r.why_not_timed},
-                       {"compiled", r.compiled},  {"from_cache", r.from_cache}, {"compile_failures", r.compile_failures},
+                       {"candidates", r.candidates}, {"compiled", r.compiled},  {"from_cache", r.from_cache},
+                       {"compile_failures", r.compile_failures}, {"compile_errors", r.compile_errors},
+                       {"cannot_run", r.cannot_run}, {"not_stored", r.not_stored}, {"cache_error", r.cache_error},
+                       {"all_in_cache", shortfall.empty()}, {"shortfall", shortfall},
                        {"step_default_ms", r.step_default_ms}, {"step_tuned_ms", r.step_tuned_ms},
                        {"seconds", r.seconds},    {"db", cache.path()}};
       for (const auto& f : r.families)
@@ -113,10 +117,12 @@ Command tune_command() {
       fmt::print("{}\n", j.dump(2));
     } else {
       fmt::print("{} into {}\n", r.layer, cache.path());
-      fmt::print("compiled {} candidates ({} already cached), {} failed to compile\n", r.compiled, r.from_cache,
-                 r.compile_failures);
+      fmt::print("compiled {} candidates ({} already cached), {} failed to compile, {} cannot run here (recorded as "
+                 "illegal)\n",
+                 r.compiled, r.from_cache, r.compile_failures, r.cannot_run);
       if (!r.timed) {
-        fmt::print("skipped timing: {}\n", r.why_not_timed);
+        fmt::print("skipped timing: {}{}\n", r.why_not_timed,
+                   shortfall.empty() ? "; every candidate is compiled into the cache" : "");
       } else {
         for (const auto& f : r.families)
           fmt::print("  {:<16} T~{:<6} {:<22} {:>9.3f} ms   default {:<22} {:>9.3f} ms  {}\n", f.family, f.token_bucket,
@@ -143,6 +149,11 @@ Command tune_command() {
       for (const auto& k : br.kernels) b.kernels.push_back({k.family, k.tile, k.ms, k.spread});
       write_baseline(b, st->baseline_out);
       if (!st->json) fmt::print("baseline of {} kernels written to {}\n", b.kernels.size(), st->baseline_out);
+    }
+    // Scripts and CI go by the exit status: a run that left candidates out of the cache failed.
+    if (!shortfall.empty()) {
+      fmt::print(stderr, "error: tune fell short: {}\n", shortfall);
+      return 1;
     }
     return 0;
   };

@@ -197,7 +197,7 @@ check "read-only folder: tune says read-only" 1 "read-only" $AS_OTHER "$OTHER_BI
 check "read-only folder: rows intact" 0 "^$n0\$" rows "$TMP/ro/k.db"
 chmod 0755 "$TMP/ro"
 # 7. Parse errors exit 2 naming the option; 8. overflows and non-finite values are refused.
-check "unparsable -E" 2 "--experts = abc" "$BIN" plan -E abc -K 2 -d 256 -n 256
+check "unparsable -E" 2 "--experts: 'abc' is not a decimal integer" "$BIN" plan -E abc -K 2 -d 256 -n 256
 check "T*K overflow" 2 "--tokens: T\*K" "$BIN" plan -T 1152921504606846976 -K 16 -E 16 -d 256 -n 256
 check "T*K at 2^31" 2 "--tokens" "$BIN" plan -T 134217728 -K 16 -E 16 -d 256 -n 256
 check "T*K just below 2^31" 0 "T=134217727" "$BIN" plan -T 134217727 -K 16 -E 16 -d 256 -n 256
@@ -226,6 +226,40 @@ json.dump(big, open(sys.argv[3], "w"))
 PY
 check "regress baseline with a negative time" 2 "--baseline: .*median_ms = -1 is outside" "$BIN" regress --baseline "$TMP/neg.json"
 check "regress baseline with T*K overflowing" 2 "--baseline: T\*K" "$BIN" regress --baseline "$TMP/bigT.json"
+
+# ---- issue 32: every exit status tells the truth; the last cache traps ----------------------
+# 1. tune exits 1 when a candidate failed to compile or to store, with the counts and the first
+#    reason, and says "compiled into the cache" only when it is so.
+if [ $gpu -eq 0 ]; then
+  mkdir -p "$TMP/brokencuda/include"
+  echo '#error this toolkit is broken' > "$TMP/brokencuda/include/cuda_bf16.h"
+  check "tune, broken toolkit: exit 1 with the counts and the reason" 1 "fell short: 12 of 12 candidates failed to compile \(first: .*this toolkit is broken" env CUDA_HOME="$TMP/brokencuda" "$BIN" tune $SMALL -T 100 --candidates 2 --db "$TMP/broken.db" --quiet
+  check "tune, broken toolkit: no claim that the cache has them" 1 "" bash -c "CUDA_HOME='$TMP/brokencuda' '$BIN' tune $SMALL -T 100 --candidates 2 --db '$TMP/broken.db' 2>&1 | grep 'compiled into the cache'"
+  check "tune, broken toolkit: --json says so" 1 '"all_in_cache": false' env CUDA_HOME="$TMP/brokencuda" "$BIN" tune $SMALL -T 100 --candidates 2 --db "$TMP/broken.db" --json
+  check "tune, healthy: says every candidate is in the cache" 0 "every candidate is compiled into the cache" "$BIN" tune $SMALL -T 100 --candidates 2 --db "$TMP/broken.db" --quiet
+  # A full disk: files may not grow past 600 KiB (SIGXFSZ ignored: writes fail with EFBIG).
+  check "tune, disk full: exit 1 naming the unstored count" 1 "fell short: [1-9][0-9]* compiled candidates were not stored: the cache failed \(.*$TMP/full.db" bash -c "trap '' XFSZ; ulimit -f 600; exec '$BIN' tune $SMALL --activation gelu -T 100 --candidates 1 --db '$TMP/full.db' --quiet"
+  check "tune, disk full: what was stored is intact" 0 "integrity ok, [1-9][0-9]* binaries checked, 0 bad" "$BIN" cache verify --db "$TMP/full.db"
+fi
+# 5. Integer options are decimal: no octal, no hex; baseline integers are read at full width.
+check "-T 0100 is a hundred" 0 "T=100\$" "$BIN" plan $SMALL -T 0100
+check "-E 010 is ten" 0 "^E=10 K=2" "$BIN" plan -E 010 -K 2 -d 64 -n 64 -T 8
+for v in 0x40 0X40 0o100 0b1000000 64k 1e2 0x; do
+  check "-T $v refused" 2 "--tokens: '$v' is not a decimal integer" "$BIN" plan $SMALL -T "$v"
+done
+check "tune -T 0x40 refused" 2 "--tokens: '0x40' is not a decimal integer" "$BIN" tune $SMALL -T 0x40 --db "$TMP/x.db"
+check "tune --candidates 0x2 refused" 2 "--candidates: '0x2' is not a decimal integer" "$BIN" tune $SMALL -T 64 --candidates 0x2 --db "$TMP/x.db"
+check "grad-check --seed 0x10 refused" 2 "--seed: '0x10' is not a decimal integer" "$BIN" grad-check $SMALL -T 8 --seed 0x10
+python3 - "$(dirname "$0")/../../bench/baselines/qwen3-30b-a3b.json" "$TMP/wideE.json" "$TMP/floatT.json" <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1]))
+wide = json.loads(json.dumps(b)); wide["layer"]["E"] = 2**32 + 128
+json.dump(wide, open(sys.argv[2], "w"))
+flt = json.loads(json.dumps(b)); flt["tokens"] = 32768.5
+json.dump(flt, open(sys.argv[3], "w"))
+PY
+check "regress baseline E = 2^32 + 128 refused" 2 "--baseline: E = 4294967424 is outside \[1, 512\]" "$BIN" regress --baseline "$TMP/wideE.json"
+check "regress baseline tokens = 32768.5 refused" 2 "--baseline: tokens = 32768.5 is not an integer" "$BIN" regress --baseline "$TMP/floatT.json"
 
 # ---- the argument space, fuzzed (seeded; the seed is printed) --------------------------------
 check "CLI argument fuzz" 0 "fuzz: [0-9]+ runs, all exit codes documented" python3 "$(dirname "$0")/fuzz_cli_args.py" "$BIN" "$TMP/fuzz" "$TMP/base.db"
