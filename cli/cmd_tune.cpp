@@ -11,6 +11,7 @@
 
 #include "cache/kernel_cache.hpp"
 #include "cli/commands.hpp"
+#include "cli/json_report.hpp"
 #include "core/checked.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "tuner/measure.hpp"
@@ -114,7 +115,7 @@ Command tune_command() {
         j["families"].push_back({{"family", f.family}, {"bucket", f.token_bucket}, {"winner", f.winner},
                                  {"winner_ms", f.winner_ms}, {"default", f.default_tile}, {"default_ms", f.default_ms},
                                  {"candidates", f.candidates}, {"failures", f.failures}, {"note", f.note}});
-      fmt::print("{}\n", j.dump(2));
+      fmt::print("{}\n", json_text(j));
     } else {
       fmt::print("{} into {}\n", r.layer, cache.path());
       fmt::print("compiled {} candidates ({} already cached), {} failed to compile, {} cannot run here (recorded as "
@@ -219,7 +220,7 @@ Command regress_command() {
     }
     if (st->json) {
       j["slower"] = slower;
-      fmt::print("{}\n", j.dump(2));
+      fmt::print("{}\n", json_text(j));
     } else {
       fmt::print("{}: {} of {} kernels slower than baseline x {:.0f}% + noise ({} on {})\n",
                  slower ? "REGRESSION" : "OK", slower, lines.size(), 100 + st->tolerance, st->baseline, now.device);
