@@ -85,7 +85,8 @@ WalFrames read_wal_frames(const std::string& wal_path) {
   uint32_t sum[2] = {0, 0};
   wal_checksum(big_endian, h, 24, sum);
   if (sum[0] != be32(h + 24) || sum[1] != be32(h + 28)) return out;
-  std::map<uint32_t, int64_t> images, committed;
+  std::vector<std::pair<uint32_t, int64_t>> frames;  // page, offset of its image
+  size_t committed = 0;                                // frames up to the last commit frame
   std::vector<unsigned char> frame(size_t(kFrameHeaderBytes) + page_size);
   for (int64_t at = kWalHeaderBytes; f.read(reinterpret_cast<char*>(frame.data()), std::streamsize(frame.size()));
        at += int64_t(frame.size())) {
@@ -94,14 +95,14 @@ WalFrames read_wal_frames(const std::string& wal_path) {
     wal_checksum(big_endian, frame.data(), 8, sum);
     wal_checksum(big_endian, frame.data() + kFrameHeaderBytes, page_size, sum);
     if (sum[0] != be32(frame.data() + 16) || sum[1] != be32(frame.data() + 20)) break;
-    images[page] = at + kFrameHeaderBytes;
+    frames.emplace_back(page, at + kFrameHeaderBytes);
     if (commit_size != 0) {
-      committed = images;
+      committed = frames.size();
       out.pages_after = commit_size;
     }
   }
-  if (!committed.empty()) out.page_size = page_size;
-  out.last_image = std::move(committed);
+  for (size_t i = 0; i < committed; ++i) out.last_image[frames[i].first] = frames[i].second;
+  if (committed > 0) out.page_size = page_size;
   return out;
 }
 
