@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "core/hash.hpp"
@@ -28,9 +29,13 @@ using namespace cache_detail;
 
 namespace {
 
-// Schema v1. Timings may be NULL: SQLite stores a NaN as NULL, and a failed candidate may
-// have no time. The CHECK on status makes a bad measurement fail inside its transaction.
+// Schema v1. cache_file holds the file's random id and its count of write transactions
+// (kernel_cache_wal.cpp: whose -wal it is); a file made before it gets it when first opened
+// for writing and stays version 1 (older builds read the other tables as before). Timings may
+// be NULL: SQLite stores a NaN as NULL, and a failed candidate may have no time. The CHECK on
+// status makes a bad measurement fail inside its transaction.
 constexpr const char* kSchemaV1 = R"sql(
+CREATE TABLE cache_file(id TEXT NOT NULL, writes INTEGER NOT NULL);
 CREATE TABLE binaries(
   key_hash TEXT PRIMARY KEY NOT NULL, key TEXT NOT NULL, kernel_name TEXT NOT NULL,
   arch TEXT NOT NULL, nvrtc_version TEXT NOT NULL, cubin BLOB NOT NULL, checksum TEXT NOT NULL,
@@ -93,6 +98,15 @@ PathAccess check_path(const std::string& path, bool read_only) {
   };
   PathAccess a;
   struct stat st;
+  // A symbolic link to nothing would be followed, and a file created where it points.
+  if (struct stat link; ::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode) && ::stat(path.c_str(), &st) != 0 &&
+                        errno == ENOENT) {
+    std::error_code ec;
+    const fs::path target = fs::read_symlink(path, ec);
+    throw CacheError(fmt::format("cache {}: a symbolic link to {}, which does not exist: refused (it would be created "
+                                 "there); give the target's path, or create the cache there first",
+                                 path, ec ? std::string("a missing file") : target.string()));
+  }
   if (::stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) throw os_error("cannot use as a cache file", EISDIR);
     if (!S_ISREG(st.st_mode))
@@ -112,8 +126,8 @@ PathAccess check_path(const std::string& path, bool read_only) {
     if (!fs::exists(folder, ec)) create_private_folders(folder, path);
     if (!fs::is_directory(folder, ec)) throw os_error(fmt::format("folder {}", folder.string()), ENOTDIR);
   }
-  if (read_only) return a;
   // WAL mode creates PATH-wal and PATH-shm beside the file: the folder must be writable too.
+  // Known for read-only opens as well: checking a leftover -wal needs write access.
   if (::access(folder.c_str(), W_OK | X_OK) != 0)
     a.cannot_write = fmt::format("cannot write in folder {}: {}", folder.string(), os_reason(errno));
   else if (a.exists && ::access(path.c_str(), W_OK) != 0)
@@ -196,10 +210,34 @@ void enable_wal(Connection& db, std::vector<std::string>& notices) {
   }
 }
 
+// A fresh random file id, 32 hex digits.
+std::string new_file_id() {
+  std::random_device rd;
+  std::string id;
+  for (int i = 0; i < 4; ++i) id += fmt::format("{:08x}", uint32_t(rd()));
+  return id;
+}
+
+// Gives the file a file id and write count where it has none (a file from before them) or,
+// with fresh_id, a new id (a -wal taken on request may have brought another file's). Returns
+// whether the table was added.
+bool ensure_file_id(Connection& db, bool fresh_id) {
+  const bool added = scalar(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'cache_file'") == 0;
+  if (added) db.exec("CREATE TABLE cache_file(id TEXT NOT NULL, writes INTEGER NOT NULL)", "adding the file id");
+  if (scalar(db, "SELECT count(*) FROM cache_file") == 0) {
+    Statement s(db, "INSERT INTO cache_file(id, writes) VALUES(?, 0)", "adding the file id");
+    s.bind_text(1, new_file_id()).step();
+  } else if (fresh_id) {
+    Statement s(db, "UPDATE cache_file SET id = ?", "renewing the file id");
+    s.bind_text(1, new_file_id()).step();
+  }
+  return added;
+}
+
 // Brings the schema from the version found to kCacheSchemaVersion, one case per step, all
 // in one transaction (another process may have migrated meanwhile: the version is read
 // under the write lock). A v2 turns `case 1` into its v1 -> v2 step and adds `case 2`.
-void migrate(Connection& db) {
+void migrate(Connection& db, bool fresh_id) {
   static_assert(kCacheSchemaVersion == 1, "add the step from the previous version to migrate()");
   WriteTransaction tx(db);
   const int64_t found = scalar(db, "PRAGMA user_version");
@@ -216,7 +254,11 @@ void migrate(Connection& db) {
   if (found != kCacheSchemaVersion)
     db.exec(fmt::format("PRAGMA application_id = {}; PRAGMA user_version = {};", kApplicationId, kCacheSchemaVersion),
             "setting the schema version");
+  const bool added = ensure_file_id(db, fresh_id);
   tx.commit();
+  // Until the id is in the file itself (not only in the -wal), a crash would leave a -wal
+  // that cannot be told to be this file's: copy it in now (best effort; readers may hold it).
+  if (added && found != 0) sqlite3_wal_checkpoint_v2(db.get(), nullptr, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
 }
 
 // TuningKey columns in table order: family, template_hash, shape, token_bucket, device, policy.
@@ -305,6 +347,8 @@ void KernelCache::Impl::open() {
                                   access.cannot_write));
   }
   if (!access.exists) create_private_file(path);
+  // Before SQLite sees the file: it would fold in whatever -wal lies beside it.
+  if (access.exists && access.cannot_write.empty() && !take_wal) check_leftover_wal(path);
   auto attempt = [&](OpenAs as) {
     db = std::make_unique<Connection>(path, as);
     // Until the file is known good, closing must not checkpoint a -wal into it (nor delete
@@ -313,8 +357,21 @@ void KernelCache::Impl::open() {
     return check_file(*db);
   };
   Unusable u;
+  std::error_code ec;
+  const bool has_wal = fs::exists(path + "-wal", ec), has_shm = fs::exists(path + "-shm", ec);
+  struct stat st;
+  const bool owned = ::stat(path.c_str(), &st) == 0 && st.st_uid == ::geteuid();
   if (!read_only) {
     u = attempt(OpenAs::read_write);
+  } else if (!owned && !(has_wal && has_shm)) {
+    // Reading a WAL file normally creates PATH-wal and PATH-shm, owned by the reader: the
+    // owner could then no longer write its cache (nor, in a sticky folder, delete them). A
+    // reader that does not own the file reads it without locks and leaves nothing behind.
+    u = attempt(OpenAs::immutable);
+    const auto wal = has_wal ? fs::file_size(path + "-wal", ec) : 0;
+    notices.push_back(fmt::format("cache {}: read without locks (another user's file: nothing is created beside "
+                                  "it){}",
+                                  path, !ec && wal > 0 ? fmt::format("; the {} bytes of {}-wal are not read", wal, path) : ""));
   } else {
     try {
       u = attempt(OpenAs::read_only);
@@ -324,7 +381,6 @@ void KernelCache::Impl::open() {
       if (e.code != SQLITE_CANTOPEN && e.code != SQLITE_READONLY && e.code != SQLITE_IOERR) throw;
       db.reset();
       u = attempt(OpenAs::immutable);
-      std::error_code ec;
       const auto wal = fs::file_size(path + "-wal", ec);
       notices.push_back(fmt::format("cache {}: opened without locks (its folder is read-only){}", path,
                                     !ec && wal > 0 ? fmt::format("; the {} bytes of {}-wal are not read", wal, path) : ""));
@@ -350,7 +406,7 @@ void KernelCache::Impl::open() {
   }
   enable_wal(*db, notices);
   db->exec("PRAGMA synchronous = NORMAL", "setting synchronous");  // safe with WAL: a crash loses no committed file
-  migrate(*db);
+  migrate(*db, take_wal);
 }
 
 // Records a use for gc's oldest-first order. Best effort: a busy or read-only file only
@@ -363,8 +419,10 @@ void KernelCache::Impl::touch(const std::string& hash) {
   } restore{db->get()};
   sqlite3_busy_timeout(db->get(), kTouchTimeoutMs);
   try {
+    WriteTransaction tx(*db);
     Statement s(*db, "UPDATE binaries SET last_used = ? WHERE key_hash = ?", "recording a use");
     s.bind_real(1, unix_now()).bind_text(2, hash).step();
+    tx.commit();
   } catch (const SqliteError& e) {
     if (e.code != SQLITE_BUSY && e.code != SQLITE_LOCKED && e.code != SQLITE_READONLY) throw;
   }
@@ -378,7 +436,7 @@ void KernelCache::Impl::drop_bad_binary(const std::string& hash, const std::stri
     return;
   }
   write("delete a binary that failed its checksum", [&] {
-    Statement s(*db, "DELETE FROM binaries WHERE key_hash = ? AND cubin = ?", "deleting a bad binary");
+    Statement s(*db, "DELETE FROM binaries WHERE key_hash = ? AND CAST(cubin AS BLOB) = ?", "deleting a bad binary");
     s.bind_text(1, hash).bind_blob(2, cubin).step();
   });
   notices.push_back(fmt::format("cache {}: binary {} ({}) failed its checksum; deleted, it will be rebuilt", path, hash, name));
@@ -395,10 +453,11 @@ std::string KernelCache::default_path() {
   throw CacheError("cache: no default path: set MOEBLAZE_CACHE, XDG_CACHE_HOME or HOME");
 }
 
-KernelCache::KernelCache(const std::string& path, bool read_only) {
+KernelCache::KernelCache(const std::string& path, bool read_only, bool take_wal) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->read_only = read_only;
+  impl->take_wal = take_wal;
   impl->open();
   impl_ = impl.release();
 }

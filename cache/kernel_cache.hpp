@@ -41,6 +41,15 @@ struct CacheDamaged : CacheError {
   CacheDamaged(std::string m, std::vector<std::string> p) : CacheError(std::move(m)), problems(std::move(p)) {}
 };
 
+// The PATH-wal beside the cache is not its own: another file's, older than the file, or
+// written by something that does not count its writes (kernel_cache_wal.cpp has the rule).
+// SQLite would fold it into the file; it is refused and left as it is.
+struct CacheWalRefused : CacheError {
+  std::string wal, reason;
+  CacheWalRefused(std::string m, std::string w, std::string why)
+      : CacheError(std::move(m)), wal(std::move(w)), reason(std::move(why)) {}
+};
+
 // A compiled kernel. `key` is the full binary key (generator version, template hash,
 // specialisation, options, arch, NVRTC version); `key_hash` its 16-hex-digit hash.
 struct CachedBinary {
@@ -90,7 +99,8 @@ struct CacheSummary {
 };
 
 struct VerifyReport {
-  int64_t binaries_checked = 0, bad_checksums = 0;  // bad rows are deleted when fix is true
+  int64_t binaries_checked = 0, bad_checksums = 0;  // bad rows (a checksum that fails, a cubin not stored as a blob)
+  int64_t deleted = 0;                               // bad rows deleted (fix, on an intact file)
   bool integrity_ok = true;                          // PRAGMA integrity_check (nothing is deleted when it fails)
   std::vector<std::string> problems;
 };
@@ -145,7 +155,12 @@ class KernelCache {
   // when the path is not a regular file, cannot be read, is not an SQLite database, belongs
   // to another application, has a newer schema version (both versions named), or is damaged
   // (CacheDamaged: `moeblaze cache verify --fix` salvages it).
-  explicit KernelCache(const std::string& path, bool read_only = false);
+  //
+  // A PATH-wal that no process has open (left by a crash, or put there by hand) is folded in
+  // only when it is this cache's own; else CacheWalRefused. take_wal skips that check: the
+  // caller knows the -wal is this cache's (`moeblaze cache verify --take-wal`), and the file
+  // gets a fresh file id.
+  explicit KernelCache(const std::string& path, bool read_only = false, bool take_wal = false);
   ~KernelCache();
   KernelCache(const KernelCache&) = delete;
   KernelCache& operator=(const KernelCache&) = delete;
@@ -156,6 +171,11 @@ class KernelCache {
   // databases, belong to another application or have a newer schema. Run it while no other
   // process uses the cache.
   static SalvageReport salvage(const std::string& path, const TuningRowCheck& check = {});
+
+  // Renames a PATH-wal that is not the cache's own (and its -shm) to PATH-wal.refused-<time>,
+  // kept beside it, never deleted; returns that name, or "" when there was none to move (no
+  // leftover -wal, or it is the cache's own, or a process has it open).
+  static std::string set_aside_refused_wal(const std::string& path);
 
   // False when the cache was opened for reading only (asked for, or the file is read-only).
   bool writable() const;

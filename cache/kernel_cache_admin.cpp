@@ -1,7 +1,9 @@
 // KernelCache administration: summary, export, import, verify, gc (the contract is in
 // kernel_cache.hpp; the SQLite wrappers in kernel_cache_sqlite.hpp).
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -51,13 +53,29 @@ CacheSummary KernelCache::summary() {
 
 void KernelCache::export_to(const std::string& file) {
   std::error_code ec;
-  if (fs::exists(file, ec))
-    throw CacheError(fmt::format("cache {}: cannot export to {}: {}", impl_->path, file, std::strerror(EEXIST)));
+  // symlink_status: a symbolic link to nothing exists too (VACUUM INTO would follow it).
+  if (fs::exists(fs::symlink_status(file, ec)))
+    throw CacheError(fmt::format("cache {}: cannot export to {}: {}{}", impl_->path, file, std::strerror(EEXIST),
+                                 fs::is_symlink(fs::symlink_status(file, ec)) ? " (a symbolic link)" : ""));
   if (const fs::path folder = fs::path(file).parent_path(); !folder.empty()) fs::create_directories(folder, ec);
-  // VACUUM INTO writes a compact, consistent snapshot (header with application_id and
-  // user_version included) and works on a read-only connection too.
-  Statement s(*impl_->db, "VACUUM INTO ?", "exporting to " + file);
-  s.bind_text(1, file_uri(file)).step();
+  // Created here, never through a link another process put there meanwhile; VACUUM INTO
+  // takes an empty file.
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+  if (fd < 0)
+    throw CacheError(fmt::format("cache {}: cannot export to {}: {}", impl_->path, file, std::strerror(errno)));
+  ::close(fd);
+  try {
+    // VACUUM INTO writes a compact, consistent snapshot (header with application_id and
+    // user_version included) and works on a read-only connection too.
+    Statement s(*impl_->db, "VACUUM INTO ?", "exporting to " + file);
+    s.bind_text(1, file_uri(file)).step();
+    // An export is no cache: without the file id, a cache made from it gets its own.
+    Connection copy(file, OpenAs::read_write);
+    copy.exec("DROP TABLE IF EXISTS cache_file", "exporting to " + file);
+  } catch (...) {
+    fs::remove(file, ec);
+    throw;
+  }
 }
 
 VerifyReport KernelCache::verify(bool fix) {
@@ -73,14 +91,16 @@ VerifyReport KernelCache::verify(bool fix) {
           r.problems.push_back("integrity_check: " + row);
         }
     }
-    Statement s(db, "SELECT key_hash, kernel_name, cubin, checksum FROM binaries ORDER BY key_hash", "checking binaries");
+    Statement s(db, "SELECT key_hash, kernel_name, cubin, checksum, typeof(cubin) FROM binaries ORDER BY key_hash",
+                "checking binaries");
     while (s.step()) {
       ++r.binaries_checked;
       std::vector<char> cubin = s.blob(2);
-      if (checksum(cubin) == s.text(3)) continue;
+      const bool is_blob = s.text(4) == "blob";
+      if (is_blob && checksum(cubin) == s.text(3)) continue;
       ++r.bad_checksums;
-      r.problems.push_back(fmt::format("binary {} ({}) fails its checksum{}", s.text(0), s.text(1),
-                                       fix && r.integrity_ok ? "; deleted" : ""));
+      r.problems.push_back(fmt::format("binary {} ({}) {}", s.text(0), s.text(1),
+                                       is_blob ? "fails its checksum" : "is stored as " + s.text(4) + ", not a blob"));
       bad.emplace_back(s.text(0), std::move(cubin));
     }
   } catch (const SqliteError& e) {
@@ -90,12 +110,15 @@ VerifyReport KernelCache::verify(bool fix) {
   }
   // Deleting rows of a file whose pages are damaged could lose more than it fixes: that file is
   // only reported, and salvage() copies its readable rows instead.
+  // The stored value is compared as bytes (a cubin stored as TEXT equals no blob), so that a
+  // good copy another process stored meanwhile stays.
   if (fix && r.integrity_ok && !bad.empty())
     impl_->write("delete binaries that fail their checksum", [&] {
-      Statement del(db, "DELETE FROM binaries WHERE key_hash = ? AND cubin = ?", "deleting a bad binary");
+      Statement del(db, "DELETE FROM binaries WHERE key_hash = ? AND CAST(cubin AS BLOB) = ?", "deleting a bad binary");
       for (const auto& [hash, cubin] : bad) {
         del.reset();
         del.bind_text(1, hash).bind_blob(2, cubin).step();
+        r.deleted += sqlite3_changes64(db.get());
       }
     });
   return r;
@@ -125,7 +148,8 @@ int64_t KernelCache::gc(int64_t max_bytes) {
     deleted = int64_t(victims.size());
   });
   // Gives freed pages back to the file system; skipped when there are none, since VACUUM
-  // rewrites the whole file.
+  // rewrites the whole file. The write above counted (even when it deleted nothing), so a
+  // -wal from before the VACUUM, whose pages no longer fit the file, is older than the file.
   if (deleted > 0 || scalar(db, "PRAGMA freelist_count") > 0) db.exec("VACUUM", "vacuuming");
   return deleted;
 }

@@ -253,6 +253,19 @@ SalvageReport KernelCache::salvage(const std::string& path, const TuningRowCheck
     throw;
   }
   src.reset();
+  // The salvaged file takes the original's owner, group and mode: root salvaging a user's
+  // cache must not leave the user a file only root can read.
+  struct stat original;
+  if (::stat(path.c_str(), &original) == 0) {
+    const bool owned = ::chown(fresh.c_str(), original.st_uid, original.st_gid) == 0;
+    if (!owned || ::chmod(fresh.c_str(), original.st_mode & 07777) != 0) {
+      const std::string why = std::strerror(errno);
+      std::error_code ec;
+      fs::remove(fresh, ec);
+      throw refuse(fmt::format("cannot give the salvaged file the owner and mode of the original ({}: {})",
+                               owned ? "chmod" : "chown", why));
+    }
+  }
   // The original keeps its -wal and -shm beside it (a -wal must never meet another file),
   // then the fresh file takes its place.
   out.damaged_copy = unused_name(path, "damaged");

@@ -181,6 +181,8 @@ class Statement {
 
 // BEGIN IMMEDIATE takes the write lock up front (waiting through busy_timeout), so a write
 // never fails half-way for lack of it; the destructor rolls back anything not committed.
+// Every commit counts a write in cache_file, so that each transaction in a -wal carries the
+// file's id (kernel_cache_wal.cpp: whose -wal it is).
 class WriteTransaction {
  public:
   explicit WriteTransaction(Connection& c) : c_(c) { c_.exec("BEGIN IMMEDIATE", "starting a write transaction"); }
@@ -189,7 +191,10 @@ class WriteTransaction {
   }
   WriteTransaction(const WriteTransaction&) = delete;
   WriteTransaction& operator=(const WriteTransaction&) = delete;
-  void commit() { c_.exec("COMMIT", "committing"); }
+  void commit() {
+    c_.exec("UPDATE cache_file SET writes = writes + 1", "counting a write");
+    c_.exec("COMMIT", "committing");
+  }
 
  private:
   Connection& c_;
@@ -201,11 +206,16 @@ inline int64_t scalar(Connection& c, const std::string& sql) {
   return s.step() ? s.integer(0) : 0;
 }
 
+// Refuses (CacheWalRefused) a PATH-wal that no process has open and that is not the cache's
+// own; returns at once when there is none or it is live (kernel_cache_wal.cpp).
+void check_leftover_wal(const std::string& path);
+
 }  // namespace cache_detail
 
 struct KernelCache::Impl {
   std::string path;
   bool read_only = false;
+  bool take_wal = false;  // fold in a leftover -wal unchecked: the caller asked for it
   std::vector<std::string> notices;
   std::unique_ptr<cache_detail::Connection> db;
 

@@ -375,6 +375,13 @@ int mb_token_bucket(int64_t tokens, int64_t* bucket) {
 int mb_tune(const mb_layer_config* config, const int64_t* tokens, int32_t n_tokens, const char* cache_path,
             double budget_s, char* buf, size_t size) {
   return guarded([&] {
+    // Every argument is checked before anything is compiled: a bad buffer found after minutes
+    // of tuning would lose the report.
+    if (!buf || size == 0) throw InvalidArgument("buf", "needs room for the report");
+    // "" is no cache, as for mb_layer_create; tuning stores into one, so it is refused.
+    if (cache_path && !*cache_path)
+      throw InvalidArgument("cache_path", "\"\" means no cache, and tuning stores into one: pass NULL for the "
+                                          "default cache, or a path");
     TuneOptions o;
     o.layer = to_layer(config);
     if (n_tokens <= 0 || !tokens) throw InvalidArgument("tokens", "give at least one token count");
@@ -386,18 +393,23 @@ int mb_tune(const mb_layer_config* config, const int64_t* tokens, int32_t n_toke
     // 0 keeps the default budget; anything else must be a finite, positive number of seconds.
     require_finite(budget_s, 0, kMaxBudgetSeconds, "budget_s");
     if (budget_s > 0) o.budget_s = budget_s;
-    KernelCache cache(cache_path && *cache_path ? cache_path : KernelCache::default_path());
+    KernelCache cache(cache_path ? cache_path : KernelCache::default_path());
     if (!cache.writable()) throw CacheError(fmt::format("cache {} is read-only: tuning stores into it", cache.path()));
     const TuneReport r = tune_layer(o, cache);
+    const std::string shortfall = r.shortfall();
     nlohmann::json j{{"layer", r.layer},        {"timed", r.timed},
-                     {"why_not_timed", r.why_not_timed}, {"compiled", r.compiled},
+                     {"why_not_timed", r.why_not_timed}, {"candidates", r.candidates}, {"compiled", r.compiled},
                      {"from_cache", r.from_cache}, {"compile_failures", r.compile_failures},
+                     {"cannot_run", r.cannot_run}, {"not_stored", r.not_stored}, {"shortfall", shortfall},
                      {"step_default_ms", r.step_default_ms}, {"step_tuned_ms", r.step_tuned_ms},
                      {"db", cache.path()}};
     for (const auto& f : r.families)
       j["families"].push_back({{"family", f.family}, {"winner", f.winner}, {"winner_ms", f.winner_ms},
                                {"default_ms", f.default_ms}});
-    copy_out(j.dump(), buf, size);
+    // The report is written either way, so a caller can read what fell short.
+    copy_out(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), buf, size);
+    if (r.compile_failures > 0) throw CompileError("", "", "", {}, "tune: " + shortfall);
+    if (!shortfall.empty()) throw CacheError("tune: " + shortfall);
   });
 }
 

@@ -6,6 +6,7 @@
 
 #include "cache/kernel_cache.hpp"
 #include "cli/commands.hpp"
+#include "cli/json_report.hpp"
 #include "core/checked.hpp"
 #include "generator/heuristics.hpp"
 #include "runtime/cuda_driver.hpp"
@@ -71,7 +72,7 @@ Command bench_command() {
       for (const auto& k : r.kernels)
         j["kernels"].push_back({{"family", k.family}, {"tile", k.tile}, {"ms", k.ms}, {"spread_ms", k.spread},
                                 {"tflops", k.tflops}, {"gbps", k.gbps}, {"floor_ms", k.floor_ms}});
-      fmt::print("{}\n", j.dump(2));
+      fmt::print("{}\n", json_text(j));
       return 0;
     }
     fmt::print("{} on {}, T={}, mode {}, routing {}\n", r.layer, r.device, r.tokens, r.mode, r.routing);
@@ -123,7 +124,7 @@ Command plan_command() {
                    mib(p.forward_scratch_bytes), mib(p.backward_scratch_bytes), mib(peak));
       }
     }
-    if (st->json) fmt::print("{}\n", j.dump(2));
+    if (st->json) fmt::print("{}\n", json_text(j));
     return 0;
   };
   return c;

@@ -7,6 +7,7 @@
 
 #include "cache/kernel_cache.hpp"
 #include "cli/commands.hpp"
+#include "cli/json_report.hpp"
 #include "core/checked.hpp"
 #include "core/errors.hpp"
 #include "runtime/cache_keys.hpp"
@@ -57,10 +58,9 @@ void print_import(const ImportReport& r, const std::string& verb, const std::str
 int salvage(const std::string& path, bool json) {
   const SalvageReport s = KernelCache::salvage(path, tuning_row_problem);
   if (json) {
-    fmt::print("{}\n", nlohmann::json{{"salvaged", import_json(s.copied)},
-                                      {"damaged_copy", s.damaged_copy},
-                                      {"problems", s.problems}}
-                           .dump(2));
+    fmt::print("{}\n", json_text(nlohmann::json{{"salvaged", import_json(s.copied)},
+                                                {"damaged_copy", s.damaged_copy},
+                                                {"problems", s.problems}}));
     return 0;
   }
   fmt::print("{} was damaged; its readable rows are now a fresh cache there\n", path);
@@ -78,7 +78,7 @@ Command cache_command() {
     CLI::App *list = nullptr, *show = nullptr, *exp = nullptr, *imp = nullptr, *verify = nullptr, *gc = nullptr;
     std::string db, file;
     double max_mb = 1024;
-    bool json = false, fix = false;
+    bool json = false, fix = false, take_wal = false;
   };
   auto st = std::make_shared<State>();
   Command c;
@@ -104,7 +104,11 @@ Command cache_command() {
                          "delete binaries whose checksum fails (they are rebuilt); a file with damaged pages is "
                          "salvaged instead: every readable row goes into a fresh file at the same path and the "
                          "damaged original is kept beside it as PATH.damaged-<time> (run it while no other moeblaze "
-                         "process uses the cache)");
+                         "process uses the cache). A -wal beside the file that is not its own (another file's, or "
+                         "older than the file) is set aside as PATH-wal.refused-<time>, kept, never deleted");
+    st->verify->add_flag("--take-wal", st->take_wal,
+                         "fold in a -wal beside the file that the cache refused as not its own: only when you know it "
+                         "is this cache's (the file then gets a fresh file id)");
     st->gc = st->app->add_subcommand(
         "gc",
         "delete cached binaries (compiled kernels, rebuilt on demand) until they take at most --max-mb: binaries "
@@ -125,16 +129,27 @@ Command cache_command() {
       require_finite(st->max_mb, 0, kMaxCacheMiB, "--max-mb");
       max_bytes = static_cast<int64_t>(std::floor(st->max_mb * 1048576.0));
     }
+    const bool take_wal = st->verify->parsed() && st->take_wal;
     const bool reads_only = st->list->parsed() || st->show->parsed() || st->exp->parsed() ||
-                            (st->verify->parsed() && !st->fix);
+                            (st->verify->parsed() && !st->fix && !take_wal);
     std::optional<KernelCache> opened;
+    std::string wal_set_aside;
     try {
-      opened.emplace(path, reads_only);
+      try {
+        opened.emplace(path, reads_only, take_wal);
+      } catch (const CacheWalRefused& e) {
+        if (!st->verify->parsed() || !st->fix) throw;
+        wal_set_aside = KernelCache::set_aside_refused_wal(path);
+        if (!st->json)
+          fmt::print("the -wal beside {} was not its own ({}): set aside as {} (kept; delete it yourself once sure)\n",
+                     path, e.reason, wal_set_aside.empty() ? "(already gone)" : wal_set_aside);
+        opened.emplace(path, reads_only);
+      }
     } catch (const CacheDamaged& e) {
       if (!st->verify->parsed()) throw;
       if (st->fix) return salvage(path, st->json);
       if (st->json)
-        fmt::print("{}\n", nlohmann::json{{"verify", {{"integrity_ok", false}, {"problems", e.problems}}}}.dump(2));
+        fmt::print("{}\n", json_text(nlohmann::json{{"verify", {{"integrity_ok", false}, {"problems", e.problems}}}}));
       else {
         fmt::print("integrity FAILED: {} is damaged\n", path);
         for (const auto& p : e.problems) fmt::print("  {}\n", p);
@@ -146,10 +161,12 @@ Command cache_command() {
     }
     KernelCache& cache = *opened;
     print_notices(cache);
+    if (take_wal && !st->json) fmt::print("any -wal beside {} is folded in (the file has a fresh file id)\n", path);
     if ((st->imp->parsed() || st->gc->parsed()) && !cache.writable())
       throw CacheError(fmt::format("cache {} is read-only: `cache {}` would change it", path,
                                    st->imp->parsed() ? "import" : "gc"));
     nlohmann::json j;
+    if (!wal_set_aside.empty()) j["wal_set_aside"] = wal_set_aside;
     if (st->list->parsed()) {
       const auto winners = cache.all_winners();
       for (const auto& w : winners) {
@@ -181,17 +198,18 @@ Command cache_command() {
           return salvage(path, st->json);
         }
         j["verify"] = {{"integrity_ok", v.integrity_ok}, {"binaries_checked", v.binaries_checked},
-                       {"bad_checksums", v.bad_checksums}, {"problems", v.problems}};
+                       {"bad_checksums", v.bad_checksums}, {"deleted", v.deleted}, {"problems", v.problems}};
         if (!st->json) {
           fmt::print("integrity {}, {} binaries checked, {} bad checksums{}\n", v.integrity_ok ? "ok" : "FAILED",
-                     v.binaries_checked, v.bad_checksums, st->fix && v.bad_checksums ? " (deleted)" : "");
+                     v.binaries_checked, v.bad_checksums,
+                     st->fix && v.bad_checksums ? fmt::format(" ({} deleted, rebuilt when next needed)", v.deleted) : "");
           for (const auto& p : v.problems) fmt::print("  {}\n", p);
           if (!v.integrity_ok)
             fmt::print("the file is left as it is; `moeblaze cache verify --fix --db {}` salvages its readable rows\n",
                        path);
         }
         if (!v.integrity_ok || (v.bad_checksums && !st->fix)) {
-          if (st->json) fmt::print("{}\n", j.dump(2));
+          if (st->json) fmt::print("{}\n", json_text(j));
           return 1;
         }
       }
@@ -209,7 +227,7 @@ Command cache_command() {
                    s.path, s.schema_version, s.binaries,
                    s.binary_bytes / 1048576.0, s.measurements, s.failures, s.winners, s.file_bytes / 1048576.0);
     }
-    if (st->json) fmt::print("{}\n", j.dump(2));
+    if (st->json) fmt::print("{}\n", json_text(j));
     return 0;
   };
   return c;

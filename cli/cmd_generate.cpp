@@ -1,6 +1,10 @@
 // `moeblaze generate` and `moeblaze presets`: no GPU needed.
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -23,6 +27,18 @@ std::string tensor_instruction(const BuiltKernel& b) {
   if (b.compiled.ptx.find("wgmma.mma_async") != std::string::npos) return "wgmma";
   if (b.compiled.ptx.find("mma.sync") != std::string::npos) return "mma.sync";
   return "-";
+}
+
+// A folder this process can create files in, checked by creating one (the mode bits do not
+// tell for root, nor on a read-only file system), before minutes of compiling whose output
+// would then have nowhere to go.
+void require_writable_folder(const std::string& folder, const char* option) {
+  std::string probe = (std::filesystem::path(folder) / ".moeblaze-write-check-XXXXXX").string();
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0)
+    throw InvalidArgument(option, fmt::format("cannot write in '{}': {}", folder, std::strerror(errno)));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 }  // namespace
@@ -123,6 +139,7 @@ Command generate_command() {
       if (ec || !std::filesystem::is_directory(st->ptx_dir))
         throw InvalidArgument("--ptx-dir", fmt::format("'{}' is not a folder that can be created ({})", st->ptx_dir,
                                                        ec ? ec.message() : "a file is in the way"));
+      require_writable_folder(st->ptx_dir, "--ptx-dir");
     }
     std::vector<BuiltKernel> built;
     if (st->db.empty()) {

@@ -11,6 +11,7 @@
 
 #include "cache/kernel_cache.hpp"
 #include "cli/commands.hpp"
+#include "cli/json_report.hpp"
 #include "core/checked.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "tuner/measure.hpp"
@@ -100,23 +101,29 @@ Command tune_command() {
     print_notices(cache);
     if (!cache.writable()) throw CacheError(fmt::format("cache {} is read-only: tuning stores into it", cache.path()));
     const TuneReport r = tune_layer(o, cache);
+    const std::string shortfall = r.shortfall();
     if (st->json) {
       nlohmann::json j{{"layer", r.layer},       {"device", r.device},       {"policy", r.policy},
                        {"timed", r.timed},        {"why_not_timed", r.why_not_timed},
-                       {"compiled", r.compiled},  {"from_cache", r.from_cache}, {"compile_failures", r.compile_failures},
+                       {"candidates", r.candidates}, {"compiled", r.compiled},  {"from_cache", r.from_cache},
+                       {"compile_failures", r.compile_failures}, {"compile_errors", r.compile_errors},
+                       {"cannot_run", r.cannot_run}, {"not_stored", r.not_stored}, {"cache_error", r.cache_error},
+                       {"all_in_cache", shortfall.empty()}, {"shortfall", shortfall},
                        {"step_default_ms", r.step_default_ms}, {"step_tuned_ms", r.step_tuned_ms},
                        {"seconds", r.seconds},    {"db", cache.path()}};
       for (const auto& f : r.families)
         j["families"].push_back({{"family", f.family}, {"bucket", f.token_bucket}, {"winner", f.winner},
                                  {"winner_ms", f.winner_ms}, {"default", f.default_tile}, {"default_ms", f.default_ms},
                                  {"candidates", f.candidates}, {"failures", f.failures}, {"note", f.note}});
-      fmt::print("{}\n", j.dump(2));
+      fmt::print("{}\n", json_text(j));
     } else {
       fmt::print("{} into {}\n", r.layer, cache.path());
-      fmt::print("compiled {} candidates ({} already cached), {} failed to compile\n", r.compiled, r.from_cache,
-                 r.compile_failures);
+      fmt::print("compiled {} candidates ({} already cached), {} failed to compile, {} cannot run here (recorded as "
+                 "illegal)\n",
+                 r.compiled, r.from_cache, r.compile_failures, r.cannot_run);
       if (!r.timed) {
-        fmt::print("skipped timing: {}\n", r.why_not_timed);
+        fmt::print("skipped timing: {}{}\n", r.why_not_timed,
+                   shortfall.empty() ? "; every candidate is compiled into the cache" : "");
       } else {
         for (const auto& f : r.families)
           fmt::print("  {:<16} T~{:<6} {:<22} {:>9.3f} ms   default {:<22} {:>9.3f} ms  {}\n", f.family, f.token_bucket,
@@ -143,6 +150,11 @@ Command tune_command() {
       for (const auto& k : br.kernels) b.kernels.push_back({k.family, k.tile, k.ms, k.spread});
       write_baseline(b, st->baseline_out);
       if (!st->json) fmt::print("baseline of {} kernels written to {}\n", b.kernels.size(), st->baseline_out);
+    }
+    // Scripts and CI go by the exit status: a run that left candidates out of the cache failed.
+    if (!shortfall.empty()) {
+      fmt::print(stderr, "error: tune fell short: {}\n", shortfall);
+      return 1;
     }
     return 0;
   };
@@ -208,7 +220,7 @@ Command regress_command() {
     }
     if (st->json) {
       j["slower"] = slower;
-      fmt::print("{}\n", j.dump(2));
+      fmt::print("{}\n", json_text(j));
     } else {
       fmt::print("{}: {} of {} kernels slower than baseline x {:.0f}% + noise ({} on {})\n",
                  slower ? "REGRESSION" : "OK", slower, lines.size(), 100 + st->tolerance, st->baseline, now.device);

@@ -23,6 +23,10 @@ struct Command {
 
 std::vector<Command> all_commands();
 
+// Makes every integer option of `app` and its subcommands decimal only (CLI11 alone takes
+// 0x.., 0o.., 0b.. and reads a leading zero as octal); call once every command is added.
+void read_integers_as_decimal(CLI::App& app);
+
 // Shape options shared by every command that works on one layer:
 // --preset NAME | --experts --topk --hidden --ffn [--activation] [--router] ...
 struct ShapeOptions {

@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("moeblaze ") + MOEBLAZE_VERSION);
   std::vector<moeblaze::cli::Command> commands = moeblaze::cli::all_commands();
   for (auto& c : commands) c.add(app);
+  moeblaze::cli::read_integers_as_decimal(app);
   if (const std::string why = empty_value_problem(argc, argv); !why.empty()) {
     fmt::print(stderr, "error: {}\nRun with --help for more information.\n", why);
     return 2;

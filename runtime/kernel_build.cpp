@@ -31,6 +31,8 @@ std::vector<KernelBuild> build_kernels(const std::vector<KernelSpec>& specs, con
   std::vector<std::string> keys(specs.size());
   std::vector<size_t> misses;
   KernelCache* cache = o.cache;
+  const bool stores = cache && cache->writable();
+  int not_stored = 0;  // under cache_mutex
   std::string cache_error;
   std::mutex cache_mutex;  // one connection, used by one thread at a time
   auto drop_cache = [&](const CacheError& e) {
@@ -63,11 +65,16 @@ std::vector<KernelBuild> build_kernels(const std::vector<KernelSpec>& specs, con
       b.compiled = compile_kernel(b.generated.source, CompileOptions{specs[i].arch, {}, o.keep_ptx});
       {
         std::lock_guard lock(cache_mutex);
+        bool stored = false;
         try {
-          if (cache && cache->writable()) cache->put_binary(to_cached(b, keys[i]));
+          if (cache && cache->writable()) {
+            cache->put_binary(to_cached(b, keys[i]));
+            stored = true;
+          }
         } catch (const CacheError& e) {
           drop_cache(e);
         }
+        if (stores && !stored) ++not_stored;
       }
       out[i].kernel = std::move(b);
     } catch (...) {
@@ -76,6 +83,7 @@ std::vector<KernelBuild> build_kernels(const std::vector<KernelSpec>& specs, con
   }, o.threads);
   if (counts) {
     if (counts->cache_error.empty()) counts->cache_error = cache_error;
+    counts->not_stored += not_stored;
     if (!misses.empty())
       counts->compile_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     for (const KernelBuild& b : out) {

@@ -46,6 +46,9 @@ struct KernelBuild {
 
 struct BuildCounts {
   int from_cache = 0, compiled = 0, failed = 0;
+  // Kernels compiled while a writable cache was given that it did not take: it failed while
+  // storing one of them (or a lookup before), and the rest went unstored (cache_error says why).
+  int not_stored = 0;
   double compile_ms = 0;    // wall time of the parallel compile (0 when everything was cached)
   std::string cache_error;  // the first cache failure, after which the cache was left out
 };

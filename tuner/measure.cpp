@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
+#include "core/checked.hpp"
 #include "runtime/cache_keys.hpp"
 #include "runtime/kernel_timer.hpp"
 #include "testing/workspace.hpp"
@@ -58,6 +60,17 @@ DeviceInfo current_device() {
   // DeviceContext holds the details; build them again for the current device 0.
   DeviceContext dc(0);
   return dc.info();
+}
+
+// An integer of a baseline read at its full width and range-checked: nlohmann's get<int>
+// casts, so "E": 4294967424 would read as 128, and "tokens": 1.5 as 1.
+int64_t baseline_integer(const nlohmann::json& object, const char* name, int64_t lo, int64_t hi) {
+  const nlohmann::json& v = object.at(name);
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi))
+    throw InvalidArgument("--baseline", fmt::format("{} = {} is outside [{}, {}]", name, v.dump(), lo, hi));
+  if (!v.is_number_integer())
+    throw InvalidArgument("--baseline", fmt::format("{} = {} is not an integer", name, v.dump()));
+  return require_in_range(v.get<int64_t>(), lo, hi, "--baseline", name);
 }
 
 }  // namespace
@@ -136,13 +149,14 @@ Baseline read_baseline(const std::string& path) {
       throw InvalidArgument("--baseline", fmt::format("'{}' is not a moeblaze baseline (format)", path));
     Baseline b;
     const auto& l = j.at("layer");
-    b.layer.shape = {l.at("E").get<int>(), l.at("K").get<int>(), l.at("d").get<int>(), l.at("n").get<int>()};
+    b.layer.shape = {int(baseline_integer(l, "E", 1, kMaxExperts)), int(baseline_integer(l, "K", 1, kMaxTopk)),
+                     int(baseline_integer(l, "d", 8, kMaxWidth)), int(baseline_integer(l, "n", 8, kMaxWidth))};
     b.layer.activation = parse_activation(l.at("activation").get<std::string>());
     b.layer.router = parse_router(l.at("router").get<std::string>());
     b.layer.renormalize = l.at("renormalize").get<bool>();
-    b.layer.route_scale = l.at("route_scale").get<float>();
+    b.layer.route_scale = float(require_finite(l.at("route_scale").get<double>(), 0, kMaxRouteScale, "--baseline", "route_scale"));
     b.layer.validate();
-    b.tokens = j.at("tokens").get<int64_t>();
+    b.tokens = baseline_integer(j, "tokens", 1, std::numeric_limits<int64_t>::max());
     b.routing = j.at("routing").get<std::string>();
     b.device = j.value("device", "");
     for (const auto& k : j.at("kernels")) {

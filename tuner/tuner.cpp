@@ -1,11 +1,13 @@
 #include "tuner.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <sstream>
 
 #include "candidates.hpp"
 #include "core/bf16.hpp"
@@ -50,27 +52,72 @@ std::vector<Candidate> list_candidates(const TuneOptions& o, const LayerConfig& 
   return flat;
 }
 
+// Whether a build failed because the tile cannot run on its target (generate() refuses an
+// illegal tile with InvalidArgument("tile")), which is expected, unlike a compile error.
+bool is_illegal_tile(const KernelBuild& b) {
+  if (!b.error) return false;
+  try {
+    std::rethrow_exception(b.error);
+  } catch (const InvalidArgument& e) {
+    return e.argument == "tile";
+  } catch (...) {
+  }
+  return false;
+}
+
+// Why a build failed, in one short line: NVRTC's first error line (the same for every kernel
+// when the toolkit is broken), else the first line of the exception's message.
+std::string failure_reason(const KernelBuild& b) {
+  std::string text = b.error_text();
+  try {
+    std::rethrow_exception(b.error);
+  } catch (const CompileError& e) {
+    std::istringstream log(e.log);
+    for (std::string line; std::getline(log, line);)
+      if (line.find("error") != std::string::npos) {
+        text = line;
+        break;
+      }
+  } catch (...) {
+  }
+  std::string line = text.substr(0, text.find('\n'));
+  if (line.size() > 240) line = line.substr(0, 240) + "...";
+  return line;
+}
+
 // Compiles (or fetches) every candidate. A failure, or a kernel that spills, is recorded on
-// the candidate and never stops the others.
-// Returns why the cache was left out part-way, if it was.
-std::string build_candidates(std::vector<Candidate>& cands, KernelCache& cache, TuneReport& rep) {
+// the candidate and in the report, and never stops the others.
+void build_candidates(std::vector<Candidate>& cands, KernelCache& cache, TuneReport& rep) {
   std::vector<KernelSpec> specs;
   for (const Candidate& c : cands) specs.push_back(c.spec);
   BuildCounts counts;
   std::vector<KernelBuild> builds = build_kernels(specs, BuildOptions{&cache}, &counts);
+  rep.candidates += static_cast<int>(cands.size());
   rep.compiled += counts.compiled;
   rep.from_cache += counts.from_cache;
-  rep.compile_failures += counts.failed;
+  rep.not_stored += counts.not_stored;
+  if (rep.cache_error.empty()) rep.cache_error = counts.cache_error;
   for (size_t i = 0; i < cands.size(); ++i) {
     Candidate& c = cands[i];
     if (!builds[i].kernel) {
-      c.failure_status = "compile_failed";
+      const bool illegal = is_illegal_tile(builds[i]);
+      c.failure_status = illegal ? "illegal" : "compile_failed";
       c.failure = builds[i].error_text();
       c.failure.resize(std::min<size_t>(c.failure.size(), 2000));
+      if (illegal) {
+        ++rep.cannot_run;
+        continue;
+      }
+      ++rep.compile_failures;
+      const std::string why = failure_reason(builds[i]);
+      if (rep.compile_errors.size() < 3 &&
+          std::find(rep.compile_errors.begin(), rep.compile_errors.end(), why) == rep.compile_errors.end())
+        rep.compile_errors.push_back(why);
       continue;
     }
     const ResourceReport& r = builds[i].kernel->compiled.resources;
     if (r.has_spills()) {
+      ++rep.cannot_run;
       c.failure_status = "illegal";
       c.failure = fmt::format("spills: {} bytes stack, {}/{} spill store/load", r.stack_bytes, r.spill_store_bytes,
                               r.spill_load_bytes);
@@ -78,7 +125,6 @@ std::string build_candidates(std::vector<Candidate>& cands, KernelCache& cache, 
     }
     c.built = std::move(builds[i].kernel);
   }
-  return counts.cache_error;
 }
 
 // ---- the outputs a candidate must reproduce ------------------------------------------
@@ -367,6 +413,20 @@ std::vector<KernelFamily> timing_order(const Candidates& cands) {
 
 }  // namespace
 
+std::string TuneReport::shortfall() const {
+  std::string out;
+  if (compile_failures > 0) {
+    out = fmt::format("{} of {} candidates failed to compile (first: {})", compile_failures, candidates,
+                      fmt::join(compile_errors, " | "));
+  }
+  if (not_stored > 0 || !cache_error.empty()) {
+    if (!out.empty()) out += "; ";
+    out += fmt::format("{} compiled candidates were not stored: the cache failed ({})", not_stored,
+                       cache_error.empty() ? "no reason given" : cache_error);
+  }
+  return out;
+}
+
 TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
   const auto t_start = Clock::now();
   const Say say = [&](const std::string& s, bool transient) {
@@ -394,14 +454,19 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
   say(fmt::format("compiling {} candidates of {} families for {} ({})", flat.size(), tunable_families(layer).size(),
                   rep.layer, to_string(arch)),
       false);
-  if (const std::string err = build_candidates(flat, cache, rep); !err.empty())
-    say("the cache failed while storing candidates (they were compiled, not stored): " + err, false);
+  build_candidates(flat, cache, rep);
+  if (!rep.cache_error.empty())
+    say(fmt::format("the cache failed while storing candidates ({} compiled, not stored): {}", rep.not_stored,
+                    rep.cache_error),
+        false);
   Candidates cands;
   for (auto& c : flat) cands[c.spec.family].push_back(std::move(c));
-  say(fmt::format("compiled {} (cache had {}), {} failed", rep.compiled, rep.from_cache, rep.compile_failures), false);
+  say(fmt::format("compiled {} (cache had {}), {} failed, {} cannot run here", rep.compiled, rep.from_cache,
+                  rep.compile_failures, rep.cannot_run),
+      false);
   if (!gpu) {
     rep.timed = false;
-    rep.why_not_timed = "timing needs a GPU (" + why + "); every candidate is compiled into the cache";
+    rep.why_not_timed = "timing needs a GPU (" + why + ")";
     rep.seconds = seconds_since(t_start);
     return rep;
   }

@@ -40,14 +40,25 @@ struct TuneReport {
   std::string layer, device, policy;
   bool timed = false;
   std::string why_not_timed;
+  int candidates = 0;  // candidate kernels listed, every family and tile
   int compiled = 0, from_cache = 0, compile_failures = 0;
+  // Candidates that cannot run on the target (an illegal tile, a kernel that spills): recorded
+  // as "illegal", expected, and no failure.
+  int cannot_run = 0;
+  int not_stored = 0;        // compiled, but the cache failed before it took them (cache_error)
+  std::string cache_error;
+  std::vector<std::string> compile_errors;  // the first few reasons, one line each
   std::vector<FamilyTuning> families;
   double step_default_ms = 0, step_tuned_ms = 0;  // fwd+bwd, median, interleaved
   double seconds = 0;
+  // "" when every candidate that can run here is compiled into the cache; else what fell
+  // short: the counts of failed compiles and of unstored kernels, with the first reasons.
+  std::string shortfall() const;
 };
 
 // Tunes into `cache`. Without a GPU: compiles every candidate into the cache and returns
-// with timed = false and the reason.
+// with timed = false and the reason. Compile and store failures never stop a tuning run: they
+// are counted in the report (shortfall()), which a caller turns into its failure status.
 TuneReport tune_layer(const TuneOptions& options, KernelCache& cache);
 
 }  // namespace moeblaze

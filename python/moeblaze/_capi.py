@@ -1,7 +1,8 @@
 """ctypes binding of the moeblaze C ABI (capi/c_api.h).
 
 The shared library is looked up in this order: $MOEBLAZE_LIBRARY, the package folder
-(pip install), the repository's build/lib (a source checkout)."""
+(pip install), a source checkout's build folder: $MOEBLAZE_BUILD_DIR/lib (the folder
+scripts/setup.sh builds into; relative to the checkout, as there), then build/lib."""
 from __future__ import annotations
 
 import ctypes
@@ -89,7 +90,10 @@ class State(ctypes.Structure):
 def _candidates():
     here = Path(__file__).resolve().parent
     yield here / "libmoeblaze_c.so"
-    yield here.parent.parent / "build" / "lib" / "libmoeblaze_c.so"
+    checkout = here.parent.parent
+    if os.environ.get("MOEBLAZE_BUILD_DIR"):
+        yield checkout / os.environ["MOEBLAZE_BUILD_DIR"] / "lib" / "libmoeblaze_c.so"
+    yield checkout / "build" / "lib" / "libmoeblaze_c.so"
 
 
 def _open_library():

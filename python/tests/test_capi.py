@@ -159,3 +159,62 @@ def test_layer_without_gpu_says_so():
     h = ctypes.c_void_p()
     with pytest.raises(moeblaze.NoGpu):
         C.check(C.lib.mb_layer_create(ctypes.byref(cfg), 0, b"", 128, ctypes.byref(h)))
+
+
+def test_tune_checks_its_buffer_and_cache_path_before_tuning(tmp_path, monkeypatch):
+    cfg = moeblaze.make_config(8, 2, 64, 64)
+    tokens = (ctypes.c_int64 * 1)(64)
+    db = tmp_path / "k.db"
+    rc = C.lib.mb_tune(ctypes.byref(cfg), tokens, 1, str(db).encode(), 0.0, None, 0)
+    assert rc == C.ERR_INVALID_ARGUMENT and C.lib.mb_last_error_argument() == b"buf"
+    assert not db.exists(), "nothing may be tuned when the report has nowhere to go"
+    # "" is no cache, as for mb_layer_create: refused, not read as the default cache.
+    monkeypatch.setenv("MOEBLAZE_CACHE", str(tmp_path / "default.db"))
+    buf = ctypes.create_string_buffer(4096)
+    rc = C.lib.mb_tune(ctypes.byref(cfg), tokens, 1, b"", 0.0, buf, len(buf))
+    assert rc == C.ERR_INVALID_ARGUMENT and C.lib.mb_last_error_argument() == b"cache_path"
+    assert b"no cache" in C.lib.mb_last_error()
+    assert not (tmp_path / "default.db").exists()
+
+
+def test_tune_fails_when_candidates_fail_to_compile_and_still_reports(tmp_path, monkeypatch):
+    if moeblaze.gpu_available():
+        pytest.skip("a GPU is present: the compile-only path is not taken")
+    broken = tmp_path / "cuda" / "include"
+    broken.mkdir(parents=True)
+    (broken / "cuda_bf16.h").write_text("#error this toolkit is broken\n")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    cfg = moeblaze.make_config(8, 2, 64, 64)
+    tokens = (ctypes.c_int64 * 1)(64)
+    buf = ctypes.create_string_buffer(1 << 16)
+    rc = C.lib.mb_tune(ctypes.byref(cfg), tokens, 1, str(tmp_path / "k.db").encode(), 0.0, buf, len(buf))
+    assert rc == C.ERR_COMPILE, C.lib.mb_last_error()
+    assert b"failed to compile" in C.lib.mb_last_error()
+    import json
+    report = json.loads(buf.value.decode())
+    assert report["compile_failures"] == report["candidates"] > 0
+    assert "this toolkit is broken" in report["shortfall"]
+
+
+@pytest.mark.parametrize("relative", [False, True])
+def test_library_is_found_in_the_build_folder_of_moeblaze_build_dir(tmp_path, relative):
+    # A checkout whose package has no library of its own and no build/ beside it, built into
+    # a folder elsewhere (scripts/setup.sh honours MOEBLAZE_BUILD_DIR, relative to the checkout).
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+    checkout = tmp_path / "checkout"
+    shutil.copytree(Path(C.__file__).parent, checkout / "python" / "moeblaze",
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    build = tmp_path / "elsewhere"
+    (build / "lib").mkdir(parents=True)
+    shutil.copy(C.library_path, build / "lib" / "libmoeblaze_c.so")
+    env = {k: v for k, v in os.environ.items() if k != "MOEBLAZE_LIBRARY"}
+    env["MOEBLAZE_BUILD_DIR"] = "../elsewhere" if relative else str(build)
+    env["PYTHONPATH"] = str(checkout / "python")
+    p = subprocess.run([sys.executable, "-c", "import moeblaze; print(moeblaze.library_path)"], env=env,
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert Path(p.stdout.strip()).resolve() == (build / "lib" / "libmoeblaze_c.so").resolve()

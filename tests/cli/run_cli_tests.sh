@@ -126,7 +126,7 @@ check "db under a file" 1 "$TMP/bad.json" "$BIN" tune $SMALL -T 64 --db "$TMP/ba
 check "read-only open of a missing db" 1 "missing.db" "$BIN" cache list --db "$TMP/missing.db"
 
 # ---- issue 17: every reproduction gives a clear error or the right result, rows intact -------
-rows() { python3 -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('select count(*) from binaries').fetchone()[0])" "$1"; }
+rows() { python3 -c "import os,sqlite3,sys; print(sqlite3.connect(os.fsencode(sys.argv[1])).execute('select count(*) from binaries').fetchone()[0])" "$1"; }
 cp "$TMP/t.db" "$TMP/base.db"  # the binaries `tune` compiled above
 n0=$(rows "$TMP/base.db")
 check "test cache has binaries" 0 "^[1-9]" echo "$n0"
@@ -197,7 +197,7 @@ check "read-only folder: tune says read-only" 1 "read-only" $AS_OTHER "$OTHER_BI
 check "read-only folder: rows intact" 0 "^$n0\$" rows "$TMP/ro/k.db"
 chmod 0755 "$TMP/ro"
 # 7. Parse errors exit 2 naming the option; 8. overflows and non-finite values are refused.
-check "unparsable -E" 2 "--experts = abc" "$BIN" plan -E abc -K 2 -d 256 -n 256
+check "unparsable -E" 2 "--experts: 'abc' is not a decimal integer" "$BIN" plan -E abc -K 2 -d 256 -n 256
 check "T*K overflow" 2 "--tokens: T\*K" "$BIN" plan -T 1152921504606846976 -K 16 -E 16 -d 256 -n 256
 check "T*K at 2^31" 2 "--tokens" "$BIN" plan -T 134217728 -K 16 -E 16 -d 256 -n 256
 check "T*K just below 2^31" 0 "T=134217727" "$BIN" plan -T 134217727 -K 16 -E 16 -d 256 -n 256
@@ -226,6 +226,119 @@ json.dump(big, open(sys.argv[3], "w"))
 PY
 check "regress baseline with a negative time" 2 "--baseline: .*median_ms = -1 is outside" "$BIN" regress --baseline "$TMP/neg.json"
 check "regress baseline with T*K overflowing" 2 "--baseline: T\*K" "$BIN" regress --baseline "$TMP/bigT.json"
+
+# ---- issue 32: every exit status tells the truth; the last cache traps ----------------------
+# 1. tune exits 1 when a candidate failed to compile or to store, with the counts and the first
+#    reason, and says "compiled into the cache" only when it is so.
+mkdir -p "$TMP/brokencuda/include"
+echo '#error this toolkit is broken' > "$TMP/brokencuda/include/cuda_bf16.h"
+if [ $gpu -eq 0 ]; then
+  check "tune, broken toolkit: exit 1 with the counts and the reason" 1 "fell short: 12 of 12 candidates failed to compile \(first: .*this toolkit is broken" env CUDA_HOME="$TMP/brokencuda" "$BIN" tune $SMALL -T 100 --candidates 2 --db "$TMP/broken.db" --quiet
+  check "tune, broken toolkit: no claim that the cache has them" 1 "" bash -c "CUDA_HOME='$TMP/brokencuda' '$BIN' tune $SMALL -T 100 --candidates 2 --db '$TMP/broken.db' 2>&1 | grep 'compiled into the cache'"
+  check "tune, broken toolkit: --json says so" 1 '"all_in_cache": false' env CUDA_HOME="$TMP/brokencuda" "$BIN" tune $SMALL -T 100 --candidates 2 --db "$TMP/broken.db" --json
+  check "tune, healthy: says every candidate is in the cache" 0 "every candidate is compiled into the cache" "$BIN" tune $SMALL -T 100 --candidates 2 --db "$TMP/broken.db" --quiet
+  # A full disk: files may not grow past 600 KiB (SIGXFSZ ignored: writes fail with EFBIG).
+  check "tune, disk full: exit 1 naming the unstored count" 1 "fell short: [1-9][0-9]* compiled candidates were not stored: the cache failed \(.*$TMP/full.db" bash -c "trap '' XFSZ; ulimit -f 600; exec '$BIN' tune $SMALL --activation gelu -T 100 --candidates 1 --db '$TMP/full.db' --quiet"
+  check "tune, disk full: what was stored is intact" 0 "integrity ok, [1-9][0-9]* binaries checked, 0 bad" "$BIN" cache verify --db "$TMP/full.db"
+fi
+# 3. Another file's -wal copied beside the cache: refused, rows intact, until verify --fix sets
+#    it aside; a crash's own -wal is still recovered.
+kill_mid_tune() {  # a tune into $1, killed (-9) once its -wal holds stored kernels
+  "$BIN" tune $SMALL --activation relu -T 100 --candidates 3 --db "$1" --quiet >/dev/null 2>&1 &
+  local pid=$! i
+  for i in $(seq 600); do
+    [ "$(stat -c %s "$1-wal" 2>/dev/null || echo 0)" -gt 150000 ] && break
+    sleep 0.1
+  done
+  kill -9 $pid
+  wait $pid 2>/dev/null
+}
+kill_mid_tune "$TMP/other.db"
+check "a killed tune leaves its -wal" 0 "" test -s "$TMP/other.db-wal"
+cp "$TMP/base.db" "$TMP/k.db"
+cp "$TMP/other.db-wal" "$TMP/k.db-wal"  # the reproduction
+cp "$TMP/k.db" "$TMP/k.orig"
+check "another file's -wal: gc refuses" 1 "k.db-wal beside it is not this cache's own: it belongs to another file.*verify --fix" "$BIN" cache gc --max-mb 1048576 --db "$TMP/k.db"
+check "another file's -wal: tune refuses" 1 "not this cache's own" "$BIN" tune $SMALL -T 100 --candidates 1 --db "$TMP/k.db"
+check "another file's -wal: list refuses" 1 "not this cache's own" "$BIN" cache list --db "$TMP/k.db"
+check "another file's -wal: verify reports it" 1 "not this cache's own" "$BIN" cache verify --db "$TMP/k.db"
+check "another file's -wal: the file unchanged" 0 "" cmp "$TMP/k.db" "$TMP/k.orig"
+check "another file's -wal: the -wal unchanged" 0 "" cmp "$TMP/k.db-wal" "$TMP/other.db-wal"
+check "another file's -wal: verify --fix sets it aside" 0 "set aside as $TMP/k.db-wal.refused-[0-9]+.*integrity ok" bash -c "'$BIN' cache verify --fix --db '$TMP/k.db' | tr '\n' ' '"
+check "another file's -wal: kept byte for byte" 0 "" bash -c "cmp '$TMP/other.db-wal' \$(ls '$TMP'/k.db-wal.refused-*)"
+check "another file's -wal: rows intact" 0 "^$n0\$" rows "$TMP/k.db"
+check "another file's -wal: gc works again" 0 "gc deleted 0 binaries" "$BIN" cache gc --max-mb 1048576 --db "$TMP/k.db"
+check "a killed tune's own -wal is recovered" 0 "integrity ok, [1-9][0-9]* binaries checked, 0 bad" "$BIN" cache verify --db "$TMP/other.db"
+check "README: copy a cache with cache export" 0 "never with cp" grep -i "copy a cache with .cache export., never with cp" "$(dirname "$0")/../../README.md"
+# 4. Another user's reads leave nothing behind in a shared folder; root's verify --fix keeps
+#    the owner and mode of the file it salvages.
+if [ -n "$AS_OTHER" ]; then
+  mkdir -p "$TMP/shared"
+  chmod 1777 "$TMP/shared"
+  cp "$TMP/base.db" "$TMP/shared/k.db"
+  chmod 0644 "$TMP/shared/k.db"
+  check "another user's show reads it" 0 "[1-9][0-9]* binaries" $AS_OTHER "$OTHER_BIN" cache show --db "$TMP/shared/k.db"
+  check "another user's list reads it" 0 "winners in" $AS_OTHER "$OTHER_BIN" cache list --db "$TMP/shared/k.db"
+  check "another user's verify reads it" 0 "integrity ok" $AS_OTHER "$OTHER_BIN" cache verify --db "$TMP/shared/k.db"
+  check "another user's reads leave nothing beside it" 0 "^none$" bash -c "ls '$TMP/shared' | grep -E 'k[.]db-(wal|shm)' || echo none"
+  check "the owner still writes its cache" 0 "gc deleted 0 binaries" "$BIN" cache gc --max-mb 1048576 --db "$TMP/shared/k.db"
+  cp "$TMP/base.db" "$TMP/shared/user.db"
+  python3 "$(dirname "$0")/craft_cache_files.py" damage "$TMP/shared/user.db"
+  chown 65534:65534 "$TMP/shared/user.db"
+  chmod 0640 "$TMP/shared/user.db"
+  check "root's verify --fix salvages a user's cache" 0 "saved [1-9][0-9]* rows" "$BIN" cache verify --fix --db "$TMP/shared/user.db"
+  check "the salvaged file keeps its owner and mode" 0 "^65534:65534 640$" stat -c '%u:%g %a' "$TMP/shared/user.db"
+fi
+# 8. A dangling symbolic link as --db or as the export target is refused, nothing created.
+ln -s "$TMP/nowhere.db" "$TMP/dangling.db"
+check "--db a dangling symlink: show refuses" 1 "symbolic link to $TMP/nowhere.db, which does not exist" "$BIN" cache show --db "$TMP/dangling.db"
+check "--db a dangling symlink: tune refuses" 1 "symbolic link" "$BIN" tune $SMALL -T 100 --candidates 1 --db "$TMP/dangling.db"
+check "--db a dangling symlink: nothing created" 1 "" test -e "$TMP/nowhere.db"
+ln -s "$TMP/nowhere-export.db" "$TMP/dangling-export.db"
+check "export to a dangling symlink: refused" 1 "cannot export to $TMP/dangling-export.db: File exists \(a symbolic link\)" "$BIN" cache export "$TMP/dangling-export.db" --db "$TMP/base.db"
+check "export to a dangling symlink: nothing created" 1 "" test -e "$TMP/nowhere-export.db"
+# 8. verify --fix deletes a cubin stored as TEXT (and says how many it deleted).
+cp "$TMP/base.db" "$TMP/text.db"
+python3 -c "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('update binaries set cubin = cast(cubin as text) where rowid = (select min(rowid) from binaries)'); c.commit()" "$TMP/text.db"
+check "cubin stored as TEXT: verify reports it" 1 "1 bad checksums .*stored as text" bash -c "set -o pipefail; '$BIN' cache verify --db '$TMP/text.db' | tr '\n' ' '"
+check "cubin stored as TEXT: verify --fix deletes it" 0 "1 bad checksums \(1 deleted" "$BIN" cache verify --fix --db "$TMP/text.db"
+check "cubin stored as TEXT: the row is gone" 0 "^$((n0 - 1))\$" rows "$TMP/text.db"
+# 5. Integer options are decimal: no octal, no hex; baseline integers are read at full width.
+check "-T 0100 is a hundred" 0 "T=100\$" "$BIN" plan $SMALL -T 0100
+check "-E 010 is ten" 0 "^E=10 K=2" "$BIN" plan -E 010 -K 2 -d 64 -n 64 -T 8
+for v in 0x40 0X40 0o100 0b1000000 64k 1e2 0x; do
+  check "-T $v refused" 2 "--tokens: '$v' is not a decimal integer" "$BIN" plan $SMALL -T "$v"
+done
+check "tune -T 0x40 refused" 2 "--tokens: '0x40' is not a decimal integer" "$BIN" tune $SMALL -T 0x40 --db "$TMP/x.db"
+check "tune --candidates 0x2 refused" 2 "--candidates: '0x2' is not a decimal integer" "$BIN" tune $SMALL -T 64 --candidates 0x2 --db "$TMP/x.db"
+check "grad-check --seed 0x10 refused" 2 "--seed: '0x10' is not a decimal integer" "$BIN" grad-check $SMALL -T 8 --seed 0x10
+python3 - "$(dirname "$0")/../../bench/baselines/qwen3-30b-a3b.json" "$TMP/wideE.json" "$TMP/floatT.json" <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1]))
+wide = json.loads(json.dumps(b)); wide["layer"]["E"] = 2**32 + 128
+json.dump(wide, open(sys.argv[2], "w"))
+flt = json.loads(json.dumps(b)); flt["tokens"] = 32768.5
+json.dump(flt, open(sys.argv[3], "w"))
+PY
+check "regress baseline E = 2^32 + 128 refused" 2 "--baseline: E = 4294967424 is outside \[1, 512\]" "$BIN" regress --baseline "$TMP/wideE.json"
+check "regress baseline tokens = 32768.5 refused" 2 "--baseline: tokens = 32768.5 is not an integer" "$BIN" regress --baseline "$TMP/floatT.json"
+
+# 8. --json with a --db path that is not UTF-8 still prints a valid report (the bytes replaced).
+bad_db="$TMP/$(printf 'k\377')-latin1.db"
+cp "$TMP/base.db" "$bad_db"
+check "gc --json, --db not UTF-8: a valid report" 0 "^valid$" bash -c "'$BIN' cache gc --max-mb 1048576 --json --db '$bad_db' | python3 -c 'import json, sys; json.load(sys.stdin); print(\"valid\")'"
+check "show --json, --db not UTF-8: a valid report" 0 "^valid$" bash -c "'$BIN' cache show --json --db '$bad_db' | python3 -c 'import json, sys; json.load(sys.stdin); print(\"valid\")'"
+check "--db not UTF-8: rows intact" 0 "^$n0\$" rows "$bad_db"
+if [ $gpu -eq 0 ]; then
+  check "tune --json, --db not UTF-8: a valid report" 0 "^valid$" bash -c "'$BIN' tune $SMALL -T 100 --candidates 1 --json --db '$bad_db' | python3 -c 'import json, sys; json.load(sys.stdin); print(\"valid\")'"
+fi
+# 8. An unwritable --ptx-dir is refused before any kernel compiles (with a broken toolkit a
+#    compile would fail first, with exit 1).
+mkdir -p "$TMP/ptx_ro"
+chmod 0555 "$TMP/ptx_ro"
+if [ -n "$AS_OTHER" ] || [ "$(id -u)" != 0 ]; then
+  check "generate --ptx-dir unwritable: refused first" 2 "--ptx-dir: cannot write in '$TMP/ptx_ro'" env CUDA_HOME="$TMP/brokencuda" $AS_OTHER "$OTHER_BIN" generate $SMALL --ptx-dir "$TMP/ptx_ro"
+fi
 
 # ---- the argument space, fuzzed (seeded; the seed is printed) --------------------------------
 check "CLI argument fuzz" 0 "fuzz: [0-9]+ runs, all exit codes documented" python3 "$(dirname "$0")/fuzz_cli_args.py" "$BIN" "$TMP/fuzz" "$TMP/base.db"

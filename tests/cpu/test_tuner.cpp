@@ -2,7 +2,14 @@
 // results, cache-backed building (NVRTC only on a miss), compile-only tuning, baselines.
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 
 #include <algorithm>
 #include <filesystem>
@@ -206,6 +213,93 @@ TEST_CASE("tuner: without a GPU, tune compiles every candidate into the cache an
   CHECK(again.from_cache == 6 * 3);
 }
 
+TEST_CASE("tuner: a compile-only tune says when candidates failed to compile, and why") {
+  if (gpu_available()) {
+    MESSAGE("a GPU is present: the compile-only path is not taken here");
+    return;
+  }
+  TempDir dir;
+  // A broken toolkit: NVRTC compiles against CUDA_HOME's headers.
+  fs::create_directories(dir.path / "cuda" / "include");
+  std::ofstream(dir.path / "cuda" / "include" / "cuda_bf16.h") << "#error this toolkit is broken\n";
+  const char* was = std::getenv("CUDA_HOME");
+  const std::string saved = was ? was : "";
+  ::setenv("CUDA_HOME", (dir.path / "cuda").c_str(), 1);
+  KernelCache cache((dir.path / "k.db").string());
+  TuneOptions o;
+  o.layer = small_layer();
+  o.tokens = {1000};
+  o.candidates_per_family = 2;
+  const TuneReport r = tune_layer(o, cache);
+  if (was) ::setenv("CUDA_HOME", saved.c_str(), 1);
+  else ::unsetenv("CUDA_HOME");
+  CHECK(r.candidates == 6 * 2);
+  CHECK(r.compile_failures == r.candidates);
+  CHECK(r.cannot_run == 0);
+  REQUIRE(r.compile_errors.size() == 1);  // the same first error for every kernel
+  CHECK(r.compile_errors[0].find("this toolkit is broken") != std::string::npos);
+  CHECK(r.why_not_timed.find("compiled into the cache") == std::string::npos);
+  const std::string why = r.shortfall();
+  CHECK(why.find("12 of 12 candidates failed to compile") != std::string::npos);
+  CHECK(why.find("this toolkit is broken") != std::string::npos);
+  CHECK(cache.summary().binaries == 0);
+}
+
+TEST_CASE("tuner: a compile-only tune counts the candidates a failing cache did not store") {
+  if (gpu_available()) {
+    MESSAGE("a GPU is present: the compile-only path is not taken here");
+    return;
+  }
+  TempDir dir;
+  const std::string path = (dir.path / "k.db").string();
+  { KernelCache fresh(path); }
+  // A full disk, in a child: files may not grow past 600 KiB (SIGXFSZ ignored, so a write
+  // past it fails with EFBIG), room for a few of the binaries.
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    close(fds[0]);
+    std::signal(SIGXFSZ, SIG_IGN);
+    const rlimit lim{600 << 10, 600 << 10};
+    setrlimit(RLIMIT_FSIZE, &lim);
+    std::string out;
+    try {
+      KernelCache cache(path);
+      TuneOptions o;
+      o.layer = small_layer();
+      o.tokens = {1000};
+      o.candidates_per_family = 1;
+      const TuneReport r = tune_layer(o, cache);
+      out = fmt::format("{} {} {} {}|{}", r.candidates, r.compiled, r.not_stored, r.compile_failures, r.shortfall());
+    } catch (const std::exception& e) {
+      out = std::string("threw: ") + e.what();
+    }
+    if (write(fds[1], out.data(), out.size()) < 0) _exit(2);
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, size_t(n));
+  close(fds[0]);
+  waitpid(pid, nullptr, 0);
+  INFO(out);
+  int candidates = 0, compiled = 0, not_stored = 0, failed = 0;
+  REQUIRE(std::sscanf(out.c_str(), "%d %d %d %d|", &candidates, &compiled, &not_stored, &failed) == 4);
+  CHECK(candidates >= 6);
+  CHECK(compiled == candidates);
+  CHECK(failed == 0);
+  CHECK(not_stored > 0);
+  CHECK(not_stored < candidates);
+  CHECK(out.find(fmt::format("{} compiled candidates were not stored: the cache failed (", not_stored)) !=
+        std::string::npos);
+  KernelCache after(path);
+  CHECK(after.summary().binaries == candidates - not_stored);
+  CHECK(after.verify(false).integrity_ok);
+}
+
 TEST_CASE("tuner: baselines round-trip and regressions are judged beyond the noise") {
   TempDir dir;
   Baseline b;
@@ -241,6 +335,51 @@ TEST_CASE("tuner: baselines round-trip and regressions are judged beyond the noi
     f << "{\"format\": \"something-else\"}";
   }
   CHECK_THROWS_AS(read_baseline((dir.path / "bad.json").string()), InvalidArgument);
+}
+
+TEST_CASE("tuner: baseline integers are read at full width, range-checked, and never cast") {
+  TempDir dir;
+  Baseline b;
+  b.layer = find_preset("qwen3-30b-a3b").layer;
+  b.tokens = 32768;
+  b.kernels = {{"combine", "-", 0.5, 0.01}};
+  const std::string good = (dir.path / "good.json").string();
+  write_baseline(b, good);
+  std::string text;
+  {
+    std::ifstream f(good);
+    text.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  auto with = [&](const std::string& from, const std::string& to) {
+    const size_t at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    std::string t = text;
+    t.replace(at, from.size(), to);
+    const std::string path = (dir.path / "edited.json").string();
+    std::ofstream(path) << t;
+    return path;
+  };
+  auto refusal = [&](const std::string& from, const std::string& to) -> std::string {
+    try {
+      read_baseline(with(from, to));
+    } catch (const InvalidArgument& e) {
+      CHECK(e.argument == "--baseline");
+      return e.reason;
+    }
+    return "read without an error";
+  };
+  // 2^32 + 128 once read as E = 128; 2^64 - 1 fits no signed integer.
+  CHECK(refusal("\"E\": 128", "\"E\": 4294967424") == "E = 4294967424 is outside [1, 512]");
+  CHECK(refusal("\"E\": 128", "\"E\": 18446744073709551615") == "E = 18446744073709551615 is outside [1, 512]");
+  CHECK(refusal("\"E\": 128", "\"E\": -128") == "E = -128 is outside [1, 512]");
+  CHECK(refusal("\"E\": 128", "\"E\": 128.5") == "E = 128.5 is not an integer");
+  CHECK(refusal("\"K\": 8", "\"K\": 4294967304") == "K = 4294967304 is outside [1, 16]");
+  CHECK(refusal("\"d\": 2048", "\"d\": 4294969344") == "d = 4294969344 is outside [8, 65536]");
+  CHECK(refusal("\"tokens\": 32768", "\"tokens\": 32768.0") == "tokens = 32768.0 is not an integer");
+  CHECK(refusal("\"tokens\": 32768", "\"tokens\": 9223372036854775808") ==
+        "tokens = 9223372036854775808 is outside [1, 9223372036854775807]");
+  CHECK(refusal("\"route_scale\": 1.0", "\"route_scale\": 1e300").find("route_scale") != std::string::npos);
+  CHECK(read_baseline(with("\"E\": 128", "\"E\": 128")).layer.shape.experts == 128);
 }
 
 TEST_CASE("tuner: the runtime's hash is standard FNV-1a 64 and agrees with the cache keys") {
