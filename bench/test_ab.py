@@ -176,3 +176,28 @@ def test_no_check_must_name_a_variant(tmp_path, capsys):
     with pytest.raises(SystemExit):
         ab.main(["--preset", "p", "--no-check", "nosuch", "--moeblaze", str(fake)])
     assert "--no-check" in capsys.readouterr().err
+
+
+def test_a_grad_check_past_the_deadline_drops_its_variant_without_a_traceback(tmp_path, capsys):
+    fake = tmp_path / "moeblaze"
+    fake.write_text(f"""#!{sys.executable}
+import json, sys, time
+args = sys.argv[1:]
+tiles = args[args.index("--tile") + 1:] if "--tile" in args else []
+if args[0] == "presets":
+    print(json.dumps([{{"name": "p", "T": 4096}}])); sys.exit(0)
+if args[0] == "grad-check":
+    if any("slow" in t for t in tiles):
+        time.sleep(30)
+    print("PASS: max relative error 3.8e-03 (tolerance 1e-02)"); sys.exit(0)
+if args[0] == "generate":
+    sys.exit(0)
+print(json.dumps({{"step_ms": 9.0 if tiles else 10.0, "kernels": [{{"family": "down_proj", "ms": 1.0, "tile": "t"}}]}}))
+""")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    out = tmp_path / "ab.json"
+    # The check takes the time that was left, so nothing is timed after it: an exit status of
+    # 1 naming what happened, no traceback.
+    assert ab.main(["--preset", "p", "--variant", "s=down_proj=slow", "--grad-check-tokens", "512", "--no-check",
+                    "default", "--deadline-s", "15", "--moeblaze", str(fake), "--json", str(out)]) == 1
+    assert "s: grad-check T=512: not finished within the deadline" in capsys.readouterr().out
