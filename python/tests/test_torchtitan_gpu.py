@@ -29,10 +29,12 @@ def rel(a, b):
 def loss_and_grads(moe, x, r):
     moe.zero_grad(set_to_none=True)
     x = x.clone().requires_grad_()
-    loss = (moe(x).float() * r).sum()
+    terms = moe(x).float() * r
+    loss = terms.sum()
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in moe.named_parameters() if p.grad is not None}
     grads["x"] = x.grad.detach().clone()
+    grads["_scale"] = terms.detach().norm()  # the loss's size before its terms cancel (see _compare)
     return loss.detach(), grads
 
 
@@ -45,13 +47,22 @@ def _compare(stock, swapped, x, r, monkeypatch):
     assert set(g_m) == set(g_s) == set(g_f), set(g_m) ^ set(g_s)
     bad = []
     for name in sorted(g_s):
+        if name == "_scale":
+            continue
         m, s, f = g_m[name], g_s[name], g_f[name]
         assert m.abs().max() > 0, f"{name}: moeblaze gradient is zero"
         r_ms, r_mf, r_sf = rel(m, s), rel(m, f), rel(s, f)
         if not (r_ms < 3e-2 and r_mf <= max(2 * r_sf, 1e-2)):
             bad.append(f"{name}: moeblaze-stock {r_ms:.2e}, moeblaze-fp32 {r_mf:.2e}, stock-fp32 {r_sf:.2e}")
     assert not bad, "\n".join(bad)
-    assert abs(loss_m.item() - loss_f.item()) <= max(2 * abs(loss_s.item() - loss_f.item()), 1e-3 * abs(loss_f.item()))
+    # The loss is a sum of terms of both signs (r is random): their bf16 rounding adds up like a
+    # random walk, about ||r * y|| 2^-9, while the sum itself cancels to far less. With float32
+    # parameters the stock experts run in float32 and land next to the reference, so their
+    # distance alone is no bound for bf16 kernels; the floor is 1e-2 ||r * y||, two to three
+    # times bf16's rounding of every output.
+    floor = 1e-2 * g_f["_scale"].item()
+    assert abs(loss_m.item() - loss_f.item()) <= max(2 * abs(loss_s.item() - loss_f.item()), floor), (
+        loss_m.item(), loss_s.item(), loss_f.item(), floor)
 
 
 @pytest.mark.parametrize("checkpoint", ["save-h", "recompute"])
