@@ -1,5 +1,7 @@
 #include "heuristics.hpp"
 
+#include <optional>
+
 namespace moeblaze {
 
 int output_columns(KernelFamily f, const LayerConfig& l) {
@@ -31,6 +33,12 @@ constexpr int kShortSlotReduction = 48 * 64;
 // down_proj's reduction length (n) up to which its default is the 128x192 ping-pong tile: 16
 // k-steps of 64, the longest measured win (deepseek-v3's 32 measured level).
 constexpr int kPingpongSlotReduction = 16 * 64;
+
+// down_proj's and gate_up_dgrad's reduction length (n, G n) up to which the kernel layer's
+// 128x128 ping-pong tile is their default: 64 k-steps of 64, the longest measured win
+// (deepseek-v3's gate_up_dgrad); mixtral-8x7b (224 and 448) and gpt-oss-20b's gate_up_dgrad (90)
+// lost to the 256- and 192-wide tiles, which read each A row for more columns.
+constexpr int kKernelLayerReduction = 64 * 64;
 
 // The layers the n-dependent tiles below were measured on: h no wider than d, so the forward
 // runs in one slot chunk (runtime/memory_plan.cpp forward_chunks); a wider h keeps the earlier
@@ -124,6 +132,24 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
     // shapes (ms, the same call): gate_up_wgrad 1.13x-1.16x and down_wgrad 1.04x-1.14x faster,
     // down_dgrad 1.00x-1.06x; gate_up (its gathered rows fetched once a tile) 0.96x-0.99x and
     // 0.83x on deepseek-v3, so gate_up keeps the polling producer.
+    // The kernel layer's (templates/moeblaze/sm90) 128x128 ping-pong tile, TMA loads and the
+    // ragged TMA store, for the two all-TMA per-slot GEMMs: its consumer k-step is 59
+    // instructions around eight wgmmas against 111 in the hand-written kernels. Against the
+    // previous defaults (bench/ab.py, the same call, two alternating rounds, grad-checked; ms):
+    // down_proj deepseek-v3 7.401 -> 6.493, qwen3-30b-a3b 1.465 -> 1.366, olmoe-1b-7b 1.785 ->
+    // 1.654, qwen3-next-80b 1.507 -> 1.371; gate_up_dgrad deepseek-v3 13.198 -> 12.837,
+    // qwen3-30b-a3b 2.656 -> 2.545, qwen3-next-80b 2.730 -> 2.275, olmoe-1b-7b level (3.350 ->
+    // 3.358). Its cluster pair and its cooperative 128x256 ran slower on every shape tried (the
+    // same calls; docs/performance.md). Where d has a partial 128-column tile (gpt-oss-20b's
+    // 2880) or the reduction is long (kKernelLayerReduction) the earlier tiles stay.
+    auto kernel_layer_tile = [&]() -> std::optional<TileConfig> {
+      const int reduction = family == KernelFamily::down_proj ? layer.shape.ffn : layer.gate_parts() * layer.shape.ffn;
+      if (reduction > kKernelLayerReduction || layer.shape.hidden % 128 || !h_within_d(layer)) return std::nullopt;
+      TileConfig t = wgmma_tile(128, 128, 6, Mainloop::pingpong);
+      t.tma_contiguous = t.tma_store = t.cute = true;
+      if (!legal(t)) return std::nullopt;
+      return t;
+    };
     auto direct = [&](TileConfig t) {
       TileConfig with = t;
       with.direct_arrive = true;
@@ -173,6 +199,7 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
         // keep the cooperative tile. (Each warpgroup's tile is whole, so its A rows are read per
         // 192 columns instead of 256: that costs where the reduction is long.) Where n <= d
         // (h_within_d).
+        if (const auto cute = kernel_layer_tile()) return *cute;
         const TileConfig pingpong = blocks_store_tile(192, Mainloop::pingpong);
         const bool short_reduction = layer.shape.ffn <= kPingpongSlotReduction;
         if (h_within_d(layer) && (short_reduction || fits_192_better(family, layer)) && legal(pingpong)) return pingpong;
@@ -205,7 +232,9 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
         if (const TileConfig blocks = direct(blocks_store_tile()); legal(blocks)) return blocks;
         return tma(wgmma_tile(128, 256, 4, Mainloop::persistent));
       }
-      case KernelFamily::gate_up_dgrad: return slot_rows_tile(Mainloop::warp_specialized);
+      case KernelFamily::gate_up_dgrad:
+        if (const auto cute = kernel_layer_tile()) return *cute;
+        return slot_rows_tile(Mainloop::warp_specialized);
       case KernelFamily::down_dgrad: {
         // Long reductions (d >= 2048: 32 k-steps of 64 or more): the persistent 128x256 tile,
         // whose mainloop has twice the math per gathered row of the 128x128 one and whose
