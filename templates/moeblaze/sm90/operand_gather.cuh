@@ -11,6 +11,22 @@ namespace moeblaze::sm90 {
 
 constexpr int kGatherThreads = 128;
 
+// Where a copying thread's 16-byte chunks land in a stage (bytes from the stage base; the 128-byte
+// swizzle: chunk c of a 128-byte row r sits at chunk c ^ (r % 8)). Host and device code, so that
+// tests/layout checks them against CuTe's stage layouts.
+// K-major [ROWS][64]: thread ptid's first row ptid / 8, chunk ptid % 8; its i-th row 16 i further.
+MB_HD constexpr uint32_t gather_rows_k_offset(int ptid) {
+  return static_cast<uint32_t>((ptid / 8) * 128 + (((ptid % 8) ^ ((ptid / 8) % 8)) * 16));
+}
+// MN-major [64 k][ROWS] as ROWS / 64 blocks of [64][64]: thread ptid's chunk ptid % (ROWS / 8),
+// k row ptid / (ROWS / 8) + K_GROUPS v.
+template <int ROWS>
+MB_HD constexpr uint32_t gather_cols_mn_offset(int ptid, int v) {
+  constexpr int CHUNKS = ROWS / 8, K_GROUPS = kGatherThreads / CHUNKS;
+  const int chunk = ptid % CHUNKS, kk = ptid / CHUNKS + K_GROUPS * v;
+  return static_cast<uint32_t>((chunk / 8) * (64 * 128) + kk * 128 + (((chunk % 8) ^ (kk % 8)) * 16));
+}
+
 // K-major: tile row r < rows is row idx[r] of `base` (rows ld elements apart), k columns
 // [64 k, +64); rows at or past `rows` and columns at or past `limit` are zero-filled and read
 // nothing. Each thread copies one 16-byte column chunk of ROWS / 16 rows, 16 apart: the
@@ -43,7 +59,7 @@ struct GatherRowsK {
     ThreadCopy<ROWS> c;
     const int r0 = ptid / 8, chunk = ptid % 8;
     c.col = chunk * 8;
-    c.dst = static_cast<uint32_t>(r0 * 128 + ((chunk ^ (r0 % 8)) * 16));
+    c.dst = gather_rows_k_offset(ptid);
     c.exist = 0;
     CUTE_UNROLL
     for (int i = 0; i < ThreadCopy<ROWS>::PER; ++i) {
@@ -119,10 +135,7 @@ struct GatherColsMN {
     c.kg = ptid / C::CHUNKS;
     // Block chunk / 8, k row kg + K_GROUPS v, its 16-byte column swizzled by the row modulo 8.
     CUTE_UNROLL
-    for (int v = 0; v < C::VARIANTS; ++v) {
-      const int kk = c.kg + C::K_GROUPS * v;
-      c.dst[v] = static_cast<uint32_t>((chunk / 8) * (64 * 128) + kk * 128 + (((chunk % 8) ^ (kk % 8)) * 16));
-    }
+    for (int v = 0; v < C::VARIANTS; ++v) c.dst[v] = gather_cols_mn_offset<ROWS>(ptid, v);
     c.col_ok = col0 + chunk * 8 < limit;
     c.at = base + (col0 + chunk * 8);
     fetch(c, 0);
