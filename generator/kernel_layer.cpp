@@ -130,4 +130,29 @@ std::string kernel_layer_template_arguments(const KernelSpec& spec) {
   throw Error(fmt::format("the kernel layer does not run {}", to_string(spec.family)));
 }
 
+TileConfig kernel_layer_tile(int bm, int bn, int stages, Mainloop schedule, int cluster_m) {
+  TileConfig t = schedule == Mainloop::pingpong ? pingpong_tile(bm, bn, stages) : wgmma_tile(bm, bn, stages, schedule);
+  t.tma_contiguous = t.tma_store = t.cute = true;
+  t.cluster_m = cluster_m;
+  return t;
+}
+
+std::vector<TileConfig> kernel_layer_candidates(KernelFamily f) {
+  const Mainloop pp = Mainloop::pingpong, coop = Mainloop::persistent;
+  switch (f) {
+    // 128 x (2 x 64): W1 and W3 tiles of 64 rows stacked; its staging holds H and h.
+    case KernelFamily::gate_up: return {kernel_layer_tile(128, 64, 5, pp), kernel_layer_tile(128, 64, 5, coop)};
+    // SonicMoE's tile (128 x 128 ping-pong), its pair, and the cooperative 128 x 256.
+    case KernelFamily::down_proj:
+    case KernelFamily::gate_up_dgrad:
+      return {kernel_layer_tile(128, 128, 6, pp), kernel_layer_tile(128, 256, 3, coop), kernel_layer_tile(128, 128, 6, pp, 2)};
+    // Three staging tiles (H's A and B, hg) leave room for four stages at 128 x 128.
+    case KernelFamily::down_dgrad: return {kernel_layer_tile(128, 128, 4, pp), kernel_layer_tile(128, 128, 4, coop)};
+    case KernelFamily::down_wgrad:
+    case KernelFamily::gate_up_wgrad:
+      return {kernel_layer_tile(128, 128, 5, coop), kernel_layer_tile(128, 256, 3, coop), kernel_layer_tile(128, 128, 6, pp)};
+    default: return {};
+  }
+}
+
 }  // namespace moeblaze
