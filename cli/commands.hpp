@@ -48,7 +48,7 @@ struct ShapeOptions {
   long long token_count(long long fallback) const;
 };
 
-// Upper limits of the CLI's own counts (README "Limits").
+// Upper limits of the CLI's own counts (docs/cache.md "Limits").
 inline constexpr int kMaxSamples = 100000;    // timed samples or steps
 inline constexpr int kMaxCandidates = 1000;   // tile candidates per family
 
