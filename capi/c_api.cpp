@@ -37,6 +37,10 @@ std::mutex g_progress_mutex;
 mb_progress_fn g_progress = nullptr;
 void* g_progress_user = nullptr;
 
+// The layer mb_layer_create is loading on this thread, for the first progress line of its
+// compiles (which comes on this thread, before the compile threads start).
+thread_local std::string g_loading;
+
 void say_progress(const std::string& line, bool transient) {
   mb_progress_fn fn;
   void* user;
@@ -325,6 +329,10 @@ int mb_layer_create(const mb_layer_config* config, int32_t device, const char* c
     LoadOptions lo;
     lo.tokens = tokens;
     lo.policy = measurement_policy("router");
+    g_loading = l.describe();
+    struct Forget {
+      ~Forget() { g_loading.clear(); }
+    } forget;
     auto set = std::make_shared<KernelSet>(load_kernels(l, h->context->info(), cache.get(), lo, &h->report));
     h->layer = std::make_unique<MoeLayer>(std::move(set));
     if (cache)  // notices added while loading (a binary that failed its checksum, ...)
@@ -444,7 +452,10 @@ int mb_set_progress_callback(mb_progress_fn fn, void* user) {
       return;
     }
     set_build_progress_listener([](const BuildProgress& p) {
-      if (p.done == 0) say_progress(fmt::format("compiling {} kernels with NVRTC (the cache keeps them)", p.total), false);
+      if (p.done == 0)
+        say_progress(fmt::format("compiling {} kernels{} with NVRTC (the cache keeps them)", p.total,
+                                 g_loading.empty() ? "" : " of " + g_loading),
+                     false);
       else say_progress(p.line(), p.done < p.total);
     });
   });
