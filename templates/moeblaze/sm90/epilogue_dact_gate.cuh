@@ -42,6 +42,17 @@ struct DactGate {
   }
 };
 
+MB_DEV float2 unpack_bf16x2(uint32_t v) {
+  return float2{__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u)};
+}
+MB_DEV uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&p);
+}
+MB_DEV long long byte_offset(const void* p, const void* base) {
+  return static_cast<const char*>(p) - static_cast<const char*>(base);
+}
+
 template <class Cfg, int K, int N, Activation ACT>
 struct DactGateEpilogue {
   static constexpr int G = gate_parts<ACT>();
@@ -105,8 +116,8 @@ struct DactGateEpilogue {
     cutlass::arch::ClusterTransactionBarrier::wait(&s.h_full[barrier_id], iteration & 1);
 
     Tensor sA = make_tensor(make_smem_ptr(s.a.data.data()), StagingLayout<Cfg::BM, Cfg::BN>{});
-    Tensor sB = make_tensor(make_smem_ptr(s.b.data.data()), StagingLayout<Cfg::BM, Cfg::BN>{});
-    Tensor sHg = make_tensor(make_smem_ptr(s.hg.data.data()), StagingLayout<Cfg::BM, Cfg::BN>{});
+    const uint32_t a_base = cast_smem_ptr_to_uint(s.a.data.data()), b_base = cast_smem_ptr_to_uint(s.b.data.data()),
+                   hg_base = cast_smem_ptr_to_uint(s.hg.data.data());
     const auto c = coords(thread_idx);
     const DactGate<ACT> op{};
     const int lane = thread_idx % 32;
@@ -120,17 +131,18 @@ struct DactGateEpilogue {
         for (int j = 0; j < Cfg::BN / 8; ++j) {
           const auto at0 = make_coord(make_coord(0, h, j), m, 0), at1 = make_coord(make_coord(1, h, j), m, 0);
           const int r = get<0>(c(at0)), col = get<1>(c(at0));  // columns col, col + 1: one 4-byte pair
-          auto* a_pair = reinterpret_cast<__nv_bfloat162*>(&sA(r, col));
-          auto* b_pair = reinterpret_cast<__nv_bfloat162*>(&sB(r, col));
-          const float2 a = __bfloat1622float2(*a_pair);
-          const float2 b = G == 2 ? __bfloat1622float2(*b_pair) : float2{0.f, 0.f};
+          // The pair's place in each staging tile (the three share a layout): its offset from
+          // the tile's base.
+          const uint32_t off = static_cast<uint32_t>(byte_offset(&sA(r, col), s.a.data.data()));
+          const float2 a = unpack_bf16x2(lds_b32(a_base + off));
+          const float2 b = G == 2 ? unpack_bf16x2(lds_b32(b_base + off)) : float2{0.f, 0.f};
           float da0, da1, db0, db1, hg0, hg1, t0, t1;
           op(acc(at0), g, a.x, b.x, da0, db0, hg0, t0);
           op(acc(at1), g, a.y, b.y, da1, db1, hg1, t1);
           dot += t0 + t1;
-          *a_pair = __floats2bfloat162_rn(da0, da1);
-          if constexpr (G == 2) *b_pair = __floats2bfloat162_rn(db0, db1);
-          *reinterpret_cast<__nv_bfloat162*>(&sHg(r, col)) = __floats2bfloat162_rn(hg0, hg1);
+          sts_b32(a_base + off, pack_bf16x2(da0, da1));
+          if constexpr (G == 2) sts_b32(b_base + off, pack_bf16x2(db0, db1));
+          sts_b32(hg_base + off, pack_bf16x2(hg0, hg1));
         }
         // The four lanes of a quad hold the row: a fixed-order butterfly, then its first lane.
         dot += __shfl_xor_sync(0xffffffffu, dot, 1);

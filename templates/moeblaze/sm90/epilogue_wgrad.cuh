@@ -64,7 +64,9 @@ struct WgradEpilogue {
     }
     // fp32: each half of the columns through the staging bytes in turn. Column blocks of 8 (the
     // fragment's j) fall in a half by their index alone, so each half's loop is unrolled code.
-    Tensor sF = make_tensor(make_smem_ptr(reinterpret_cast<float*>(s.d.data.data())), F32Layout{});
+    float* f32 = reinterpret_cast<float*>(s.d.data.data());
+    Tensor sF = make_tensor(make_smem_ptr(f32), F32Layout{});
+    const uint32_t base = cast_smem_ptr_to_uint(f32);
     const auto c = typename Cfg::TiledMma{}.get_slice(thread_idx).partition_C(
         make_identity_tensor(Shape<Int<Cfg::BM>, Int<Cfg::BN>>{}));
     CUTE_UNROLL
@@ -78,7 +80,8 @@ struct WgradEpilogue {
           for (int h = 0; h < 2; ++h) {
             const auto at0 = make_coord(make_coord(0, h, j), m, 0), at1 = make_coord(make_coord(1, h, j), m, 0);
             const int r = get<0>(c(at0)), col = get<1>(c(at0)) - half * (Cfg::BN / 2);
-            *reinterpret_cast<float2*>(&sF(r, col)) = float2{acc(at0), acc(at1)};
+            const auto off = reinterpret_cast<const char*>(&sF(r, col)) - reinterpret_cast<const char*>(f32);
+            sts_v2_f32(base + static_cast<uint32_t>(off), acc(at0), acc(at1));
           }
       cutlass::arch::fence_view_async_shared();
       tile_sync<Cfg>(barrier_id);

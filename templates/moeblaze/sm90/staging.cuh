@@ -64,6 +64,19 @@ struct StagingTile {
   }
 };
 
+// 4- and 8-byte shared-memory accesses at a shared-window address. Addresses taken from a
+// swizzled CuTe tensor are generic pointers to the compiler, which then emits generic LD / ST
+// (a window check each); the epilogues' per-element accesses go through these instead.
+MB_DEV uint32_t lds_b32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+MB_DEV void sts_b32(uint32_t addr, uint32_t v) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v)); }
+MB_DEV void sts_v2_f32(uint32_t addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b));
+}
+
 // A bf16 fragment in the accumulator layout of acc.
 template <class Acc>
 MB_DEV auto bf16_fragment(const Acc& acc) {
