@@ -32,7 +32,6 @@ static int failures = 0, checks = 0;
 alignas(1024) static Element stage_buf[2 * 256 * 64];
 alignas(1024) static float f32_buf[256 * 128];
 
-static long long byte_offset(const void* p, const void* base) { return (const char*)p - (const char*)base; }
 
 template <int ROWS>
 void check_rows_k() {
@@ -42,9 +41,9 @@ void check_rows_k() {
       for (int st = 0; st < 2; ++st) {
         const int r = ptid / 8 + 16 * i, col = (ptid % 8) * 8;
         const long long got = gather_rows_k_offset(ptid) + i * 2048 + st * ROWS * 128;
-        EXPECT_EQ(got, byte_offset(&s(r, col, st), stage_buf), "K-major %d rows, thread %d row %d", ROWS, ptid, r);
+        EXPECT_EQ(got, staging_offset(&s(r, col, st), stage_buf), "K-major %d rows, thread %d row %d", ROWS, ptid, r);
         for (int e = 1; e < 8; ++e)  // the chunk's 8 elements are one 16-byte copy
-          EXPECT_EQ(byte_offset(&s(r, col + e, st), stage_buf), got + 2 * e, "K-major chunk contiguity");
+          EXPECT_EQ(staging_offset(&s(r, col + e, st), stage_buf), got + 2 * e, "K-major chunk contiguity");
       }
 }
 
@@ -58,9 +57,9 @@ void check_cols_mn() {
         const int kk = ptid / C::CHUNKS + C::K_GROUPS * i, mn = (ptid % C::CHUNKS) * 8;
         const long long got = gather_cols_mn_offset<ROWS>(ptid, i % C::VARIANTS) +
                               (i / C::VARIANTS) * (C::K_GROUPS * C::VARIANTS * 128) + st * ROWS * 128;
-        EXPECT_EQ(got, byte_offset(&s(mn, kk, st), stage_buf), "MN-major %d rows, thread %d k %d", ROWS, ptid, kk);
+        EXPECT_EQ(got, staging_offset(&s(mn, kk, st), stage_buf), "MN-major %d rows, thread %d k %d", ROWS, ptid, kk);
         for (int e = 1; e < 8; ++e)
-          EXPECT_EQ(byte_offset(&s(mn + e, kk, st), stage_buf), got + 2 * e, "MN-major chunk contiguity");
+          EXPECT_EQ(staging_offset(&s(mn + e, kk, st), stage_buf), got + 2 * e, "MN-major chunk contiguity");
       }
 }
 
@@ -99,13 +98,13 @@ void check_accumulators() {
   Tensor sd = make_tensor(make_smem_ptr(stage_buf), StagingLayout<BM, BN>{});
   for (int b = 0; b < BN / 64; ++b)
     for (int r = 0; r < BM; r += 7)
-      EXPECT_EQ(byte_offset(&sd(r, 64 * b), stage_buf) / (BM * 128), b, "staging box %d row %d", b, r);
+      EXPECT_EQ(staging_offset(&sd(r, 64 * b), stage_buf) / (BM * 128), b, "staging box %d row %d", b, r);
   Tensor sf = make_tensor(make_smem_ptr(f32_buf), typename WgradEpilogue<Cfg>::F32Layout{});
   for (int b = 0; b < BN / 64; ++b)
     for (int r = 0; r < BM; r += 7) {
-      EXPECT_EQ(byte_offset(&sf(r, 32 * b), f32_buf) / (BM * 128), b, "fp32 staging box %d row %d", b, r);
+      EXPECT_EQ(staging_offset(&sf(r, 32 * b), f32_buf) / (BM * 128), b, "fp32 staging box %d row %d", b, r);
       for (int cc = 0; cc < 32; cc += 2)  // an accumulator pair is one 8-byte store
-        EXPECT_EQ(byte_offset(&sf(r, 32 * b + cc + 1), f32_buf), byte_offset(&sf(r, 32 * b + cc), f32_buf) + 4, "fp32 pair");
+        EXPECT_EQ(staging_offset(&sf(r, 32 * b + cc + 1), f32_buf), staging_offset(&sf(r, 32 * b + cc), f32_buf) + 4, "fp32 pair");
     }
 }
 

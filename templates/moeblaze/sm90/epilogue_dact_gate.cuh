@@ -42,17 +42,6 @@ struct DactGate {
   }
 };
 
-MB_DEV float2 unpack_bf16x2(uint32_t v) {
-  return float2{__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u)};
-}
-MB_DEV uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&p);
-}
-MB_DEV long long byte_offset(const void* p, const void* base) {
-  return static_cast<const char*>(p) - static_cast<const char*>(base);
-}
-
 template <class Cfg, int K, int N, Activation ACT>
 struct DactGateEpilogue {
   static constexpr int G = gate_parts<ACT>();
@@ -133,7 +122,7 @@ struct DactGateEpilogue {
           const int r = get<0>(c(at0)), col = get<1>(c(at0));  // columns col, col + 1: one 4-byte pair
           // The pair's place in each staging tile (the three share a layout): its offset from
           // the tile's base.
-          const uint32_t off = static_cast<uint32_t>(byte_offset(&sA(r, col), s.a.data.data()));
+          const uint32_t off = static_cast<uint32_t>(staging_offset(&sA(r, col), s.a.data.data()));
           const float2 a = unpack_bf16x2(lds_b32(a_base + off));
           const float2 b = G == 2 ? unpack_bf16x2(lds_b32(b_base + off)) : float2{0.f, 0.f};
           float da0, da1, db0, db1, hg0, hg1, t0, t1;

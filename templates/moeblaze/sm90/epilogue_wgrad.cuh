@@ -80,8 +80,7 @@ struct WgradEpilogue {
           for (int h = 0; h < 2; ++h) {
             const auto at0 = make_coord(make_coord(0, h, j), m, 0), at1 = make_coord(make_coord(1, h, j), m, 0);
             const int r = get<0>(c(at0)), col = get<1>(c(at0)) - half * (Cfg::BN / 2);
-            const auto off = reinterpret_cast<const char*>(&sF(r, col)) - reinterpret_cast<const char*>(f32);
-            sts_v2_f32(base + static_cast<uint32_t>(off), acc(at0), acc(at1));
+            sts_v2_f32(base + static_cast<uint32_t>(staging_offset(&sF(r, col), f32)), acc(at0), acc(at1));
           }
       cutlass::arch::fence_view_async_shared();
       tile_sync<Cfg>(barrier_id);

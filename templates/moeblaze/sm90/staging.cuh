@@ -77,6 +77,17 @@ MB_DEV void sts_v2_f32(uint32_t addr, float a, float b) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b));
 }
 
+// Two bf16 values in one 32-bit word (the lower address in the low half), as float pairs.
+MB_DEV float2 unpack_bf16x2(uint32_t v) { return float2{__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u)}; }
+MB_DEV uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&p);
+}
+// Bytes from a staging tile's base to an element of it (an address from its swizzled tensor).
+MB_HD inline long long staging_offset(const void* p, const void* base) {
+  return static_cast<const char*>(p) - static_cast<const char*>(base);
+}
+
 // A bf16 fragment in the accumulator layout of acc.
 template <class Acc>
 MB_DEV auto bf16_fragment(const Acc& acc) {
