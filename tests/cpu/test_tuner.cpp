@@ -415,7 +415,7 @@ TEST_CASE("tuner: 192-column tiles where the output is a multiple of 192 but not
     CHECK(narrow >= 2);  // the whole-tile TMA-store one and the 4-stage one
     for (const auto& t : c) CHECK_MESSAGE(legality_problem(KernelSpec{f, gpt, t, Arch::sm_90a}).empty(), t.to_string());
   }
-  const auto c = tile_candidates(KernelFamily::gate_up_wgrad, gpt, Arch::sm_90a, 8);
+  const auto c = tile_candidates(KernelFamily::gate_up_wgrad, gpt, Arch::sm_90a, 12);  // a default-size tune
   TileConfig narrow = default_tile(KernelFamily::gate_up_wgrad, gpt, Arch::sm_90a);
   REQUIRE(narrow.bn == 256);
   narrow.bn = 192;
