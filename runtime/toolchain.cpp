@@ -64,7 +64,7 @@ struct Place {
   std::string name;
   std::vector<fs::path> cuda_roots;
   fs::path cutlass_include;
-  bool override_ = false;  // CUDA_HOME or CUDA_PATH: its headers are taken as they are
+  bool user_given = false;  // CUDA_HOME or CUDA_PATH: its headers are taken as they are
 };
 
 // The folder of the file holding this code: libmoeblaze_c.so's in a wheel (site-packages/moeblaze),
@@ -254,7 +254,7 @@ HeaderSearch search_cuda_headers() {
     };
     std::vector<std::string> missing;
     if (!holds("cuda_bf16.h")) missing.push_back("cuda_bf16.h (nvidia-cuda-runtime)");
-    if (!p.override_) {
+    if (!p.user_given) {
       if (!holds(fs::path("cuda") / "std" / "cstdint")) missing.push_back("CCCL's cuda/std (nvidia-cuda-cccl)");
       if (!holds(fs::path("crt") / "host_defines.h")) missing.push_back("crt/host_defines.h (nvidia-cuda-crt)");
     }

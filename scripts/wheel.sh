@@ -13,7 +13,9 @@
 # needs and exports), a fresh virtual environment with the wheel and its NVIDIA packages from
 # PyPI, and, with no toolkit on the PATH and CUDA_HOME/CUDA_PATH unset: tests/wheel/check_installed.py
 # (NVRTC and every header from the packages, a preset's kernels compiled) and the Python tests
-# against the installed package. The wheel and the sdist are left in dist/.
+# against the installed package. The wheel and the sdist are left in dist/. Needs PyPI (the
+# tools, the build requirements and the NVIDIA packages), g++, CMake and the C++ build's
+# Debian packages (fmt, nlohmann-json, SQLite).
 # Environment: MOEBLAZE_JOBS (parallel compile jobs, default: all cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
