@@ -6,6 +6,7 @@ GPU and no torch; merges several results files (e.g. two device runs).
 Usage: python3 bench/report.py RESULTS.json [MORE.json ...] --out DIR"""
 import argparse
 import json
+import zlib
 from pathlib import Path
 
 from tile_cost import table_lines, tile_costs
@@ -18,6 +19,20 @@ def suite_tokens(name):
 
 
 PEERS = ("sonicmoe", "megablocks")
+# One colour per implementation, the same in every run and plot whichever others ran
+# (examples/train_moe.py uses the same for moeblaze, grouped_mm and the eager loop).
+COLOURS = {"moeblaze": "#d62728", "moeblaze-recompute": "#ff9896", "sonicmoe": "#2ca02c", "megablocks": "#9467bd",
+           "torch-grouped_mm": "#1f77b4", "torch-loop": "#7f7f7f"}
+OTHER_COLOURS = ("#8c564b", "#e377c2", "#bcbd22", "#17becf", "#ff7f0e")
+PLOT_ORDER = ("moeblaze", "moeblaze-recompute") + PEERS + ("torch-grouped_mm", "torch-loop")
+Y_LABEL = "TFLOP/s (model FLOPs of forward + backward / step time)"
+
+
+def colour(impl):
+    """The implementation's fixed colour; one from its name for an implementation not listed,
+    so it too keeps its colour from run to run."""
+    return COLOURS.get(impl) or OTHER_COLOURS[zlib.crc32(impl.encode()) % len(OTHER_COLOURS)]
+
 SONIC_TARGET = 1 / 0.9  # moeblaze's step at most 0.9x SonicMoE's (docs/performance.md "Targets")
 
 
@@ -161,8 +176,9 @@ def write_plot(res, path):
         return
     rows = [r for r in res["results"] if r["routing"] == "random" and "error" not in r]
     shapes = list(dict.fromkeys(r["shape"] for r in rows if r["tokens"] == suite_tokens(r["shape"])))
-    order = ("moeblaze", "moeblaze-recompute") + PEERS + ("torch-grouped_mm", "torch-loop")
-    impls = sorted(dict.fromkeys(r["impl"] for r in rows), key=lambda i: order.index(i) if i in order else len(order))
+    order = PLOT_ORDER
+    impls = sorted(dict.fromkeys(r["impl"] for r in rows),
+                   key=lambda i: (order.index(i) if i in order else len(order), i))
     fig, ax = plt.subplots(figsize=(11, 5))
     width = 0.8 / max(1, len(impls))
     for i, impl in enumerate(impls):
@@ -171,16 +187,19 @@ def write_plot(res, path):
             m = [r["tflops"] for r in rows if r["impl"] == impl and r["shape"] == s
                  and r["tokens"] == suite_tokens(s)]
             vals.append(m[0] if m else 0)
-        ax.bar([j + i * width for j in range(len(shapes))], vals, width, label=impl)
+        ax.bar([j + i * width for j in range(len(shapes))], vals, width, label=impl, color=colour(impl))
     ax.axhline(res["ceilings"]["gemm_tflops"], color="k", linestyle="--", label="dense GEMM ceiling")
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))], shapes, rotation=15)
-    ax.set_ylabel("TFLOP/s (18TKdn / step)")
-    ax.set_title(f"MoE layer forward+backward, {res['device']}")
+    ax.set_ylabel(Y_LABEL)
+    ax.set_title(f"MoE layer training step (forward + backward, bf16), {res['device']}: higher is faster")
     ax.legend(ncol=4, fontsize=8, loc="upper right")
     ax.set_ylim(0, res["ceilings"]["gemm_tflops"] * 1.25)  # room for the legend above the bars
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    # What was drawn: each implementation's bar colour, as the figure holds it.
+    drawn = {c.get_label(): matplotlib.colors.to_hex(c.patches[0].get_facecolor()) for c in ax.containers if c.patches}
     plt.close(fig)
+    return drawn
 
 
 def write_outputs(res, out):

@@ -79,3 +79,35 @@ def test_merge_takes_the_later_row_and_every_peer_entry(tmp_path):
     m = report.merge([fa, fb])
     assert {r["impl"]: r["step_ms"] for r in m["results"]} == {"moeblaze": 10.0, "sonicmoe": 12.0}
     assert set(m["peers"]) == {"sonicmoe", "megablocks"}
+
+
+def test_every_implementation_keeps_its_colour_whichever_others_ran():
+    assert report.colour("moeblaze") == "#d62728" and report.colour("sonicmoe") == "#2ca02c"
+    assert len({report.colour(i) for i in report.PLOT_ORDER}) == len(report.PLOT_ORDER)
+    # An implementation no table lists gets a colour from its name: the same in every run.
+    assert report.colour("new-peer") == report.colour("new-peer") in report.OTHER_COLOURS
+
+
+def test_the_example_plot_uses_the_same_colours():
+    import ast
+    from pathlib import Path
+    src = (Path(report.__file__).resolve().parent.parent / "examples" / "train_moe.py").read_text()
+    assign = next(n for n in ast.parse(src).body if isinstance(n, ast.Assign)
+                  and getattr(n.targets[0], "id", None) == "COLOURS")
+    example = ast.literal_eval(assign.value)
+    assert example == {"moeblaze": report.colour("moeblaze"), "grouped_mm": report.colour("torch-grouped_mm"),
+                       "eager": report.colour("torch-loop")}
+
+
+def test_the_plot_colours_bars_by_implementation_and_names_its_axis(tmp_path):
+    import pytest
+    pytest.importorskip("matplotlib")
+    T = report.suite_tokens("qwen3-30b-a3b")
+    one = res_of([row("moeblaze", 10.0, T=T), row("sonicmoe", 9.0, T=T), row("torch-grouped_mm", 20.0, T=T)])
+    two = res_of([row("sonicmoe", 9.0, T=T), row("moeblaze", 10.0, T=T)])
+    c1 = report.write_plot(one, tmp_path / "one.png")
+    c2 = report.write_plot(two, tmp_path / "two.png")
+    assert c1["sonicmoe"] == c2["sonicmoe"] == "#2ca02c" and c1["moeblaze"] == c2["moeblaze"]
+    assert list(c1) == ["moeblaze", "sonicmoe", "torch-grouped_mm"]
+    assert (tmp_path / "one.png").stat().st_size > 0
+    assert "18TKdn" not in report.Y_LABEL and "TFLOP/s" in report.Y_LABEL

@@ -121,7 +121,7 @@ struct ImportReport {
   int64_t skipped_rows() const;
 };
 
-// Upper bounds of what one import takes (README "Limits"); a file beyond max_file_bytes is
+// Upper bounds of what one import takes (docs/cache.md "Limits"); a file beyond max_file_bytes is
 // refused, rows beyond max_rows per table and values beyond the byte limits are skipped.
 struct ImportLimits {
   int64_t max_file_bytes = int64_t{16} << 30;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -32,6 +33,26 @@ namespace {
 using namespace moeblaze;
 
 thread_local std::string g_error, g_argument;
+
+// The caller's progress callback (mb_set_progress_callback).
+std::mutex g_progress_mutex;
+mb_progress_fn g_progress = nullptr;
+void* g_progress_user = nullptr;
+
+// The layer mb_layer_create is loading on this thread, for the first progress line of its
+// compiles (which comes on this thread, before the compile threads start).
+thread_local std::string g_loading;
+
+void say_progress(const std::string& line, bool transient) {
+  mb_progress_fn fn;
+  void* user;
+  {
+    std::lock_guard lock(g_progress_mutex);
+    fn = g_progress;
+    user = g_progress_user;
+  }
+  if (fn) fn(line.c_str(), transient ? 1 : 0, user);
+}
 
 template <class F>
 int guarded(F&& f) {
@@ -339,6 +360,10 @@ int mb_layer_create(const mb_layer_config* config, int32_t device, const char* c
     LoadOptions lo;
     lo.tokens = tokens;
     lo.policy = measurement_policy("router");
+    g_loading = l.describe();
+    struct Forget {
+      ~Forget() { g_loading.clear(); }
+    } forget;
     auto set = std::make_shared<KernelSet>(load_kernels(l, h->context->info(), cache.get(), lo, &h->report));
     h->layer = std::make_unique<MoeLayer>(std::move(set));
     if (cache)  // notices added while loading (a binary that failed its checksum, ...)
@@ -426,6 +451,7 @@ int mb_tune(const mb_layer_config* config, const int64_t* tokens, int32_t n_toke
     if (budget_s > 0) o.budget_s = budget_s;
     KernelCache cache(cache_path ? cache_path : KernelCache::default_path());
     if (!cache.writable()) throw CacheError(fmt::format("cache {} is read-only: tuning stores into it", cache.path()));
+    o.progress = say_progress;
     const TuneReport r = tune_layer(o, cache);
     const std::string shortfall = r.shortfall();
     nlohmann::json j{{"layer", r.layer},        {"timed", r.timed},
@@ -441,6 +467,28 @@ int mb_tune(const mb_layer_config* config, const int64_t* tokens, int32_t n_toke
     copy_out(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), buf, size);
     if (r.compile_failures > 0) throw CompileError("", "", "", {}, "tune: " + shortfall);
     if (!shortfall.empty()) throw CacheError("tune: " + shortfall);
+  });
+}
+
+int mb_set_progress_callback(mb_progress_fn fn, void* user) {
+  return guarded([&] {
+    {
+      std::lock_guard lock(g_progress_mutex);
+      g_progress = fn;
+      g_progress_user = user;
+    }
+    // Compiles outside mb_tune (a layer's first use) report through the process's listener.
+    if (!fn) {
+      set_build_progress_listener({});
+      return;
+    }
+    set_build_progress_listener([](const BuildProgress& p) {
+      if (p.done == 0)
+        say_progress(fmt::format("compiling {} kernels{} with NVRTC (the cache keeps them)", p.total,
+                                 g_loading.empty() ? "" : " of " + g_loading),
+                     false);
+      else say_progress(p.line(), p.done < p.total);
+    });
   });
 }
 

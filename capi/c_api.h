@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#define MB_ABI_VERSION 3
+#define MB_ABI_VERSION 4
 
 #if defined(__GNUC__)
 #define MB_API __attribute__((visibility("default")))
@@ -142,6 +142,14 @@ MB_API int mb_token_bucket(int64_t tokens, int64_t* bucket);
  * first reasons; the report's "shortfall" too). */
 MB_API int mb_tune(const mb_layer_config* config, const int64_t* tokens, int32_t n_tokens, const char* cache_path,
             double budget_s, char* buf, size_t size);
+
+/* Progress of work that takes seconds to minutes (compiling a layer's kernels in
+ * mb_layer_create, every phase of mb_tune): one line of text, transient = 1 for a line that
+ * the next one replaces (a count with an estimate), 0 for a lasting one (a phase). Called on
+ * the working thread or on the library's compile threads, one call at a time; the callback
+ * must not call back into the library. NULL turns it off. One callback for the process. */
+typedef void (*mb_progress_fn)(const char* line, int32_t transient, void* user);
+MB_API int mb_set_progress_callback(mb_progress_fn fn, void* user);
 
 /* The model presets (`moeblaze presets`): their names, one a line, the benchmark suite first. */
 MB_API int mb_presets(char* buf, size_t size);

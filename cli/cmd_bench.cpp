@@ -68,11 +68,11 @@ Command bench_command() {
                        {"routing", r.routing}, {"fwd_ms", r.fwd_ms}, {"bwd_ms", r.bwd_ms}, {"step_ms", r.step_ms},
                        {"step_spread_ms", r.step_spread}, {"tflops", r.tflops}, {"saved_bytes", r.plan.saved_bytes},
                        {"h_floor_bytes", r.plan.h_floor_bytes}, {"peak_bytes", r.peak_bytes},
-                       {"load", r.load.summary()}};
+                       {"load", r.load.summary()}, {"kernels", nlohmann::json::array()}};
       for (const auto& k : r.kernels)
         j["kernels"].push_back({{"family", k.family}, {"tile", k.tile}, {"ms", k.ms}, {"spread_ms", k.spread},
                                 {"tflops", k.tflops}, {"gbps", k.gbps}, {"floor_ms", k.floor_ms}});
-      fmt::print("{}\n", json_text(j));
+      emit_json(j);
       return 0;
     }
     fmt::print("{} on {}, T={}, mode {}, routing {}\n", r.layer, r.device, r.tokens, r.mode, r.routing);
@@ -124,7 +124,7 @@ Command plan_command() {
                    mib(p.forward_scratch_bytes), mib(p.backward_scratch_bytes), mib(peak));
       }
     }
-    if (st->json) fmt::print("{}\n", json_text(j));
+    if (st->json) emit_json(j);
     return 0;
   };
   return c;

@@ -58,9 +58,7 @@ void print_import(const ImportReport& r, const std::string& verb, const std::str
 int salvage(const std::string& path, bool json) {
   const SalvageReport s = KernelCache::salvage(path, tuning_row_problem);
   if (json) {
-    fmt::print("{}\n", json_text(nlohmann::json{{"salvaged", import_json(s.copied)},
-                                                {"damaged_copy", s.damaged_copy},
-                                                {"problems", s.problems}}));
+    emit_json({{"salvaged", import_json(s.copied)}, {"damaged_copy", s.damaged_copy}, {"problems", s.problems}});
     return 0;
   }
   fmt::print("{} was damaged; its readable rows are now a fresh cache there\n", path);
@@ -149,7 +147,7 @@ Command cache_command() {
       if (!st->verify->parsed()) throw;
       if (st->fix) return salvage(path, st->json);
       if (st->json)
-        fmt::print("{}\n", json_text(nlohmann::json{{"verify", {{"integrity_ok", false}, {"problems", e.problems}}}}));
+        emit_json({{"verify", {{"integrity_ok", false}, {"problems", e.problems}}}});
       else {
         fmt::print("integrity FAILED: {} is damaged\n", path);
         for (const auto& p : e.problems) fmt::print("  {}\n", p);
@@ -168,6 +166,7 @@ Command cache_command() {
     nlohmann::json j;
     if (!wal_set_aside.empty()) j["wal_set_aside"] = wal_set_aside;
     if (st->list->parsed()) {
+      j = nlohmann::json::array();  // no winners: [], not null
       const auto winners = cache.all_winners();
       for (const auto& w : winners) {
         if (st->json)
@@ -209,7 +208,7 @@ Command cache_command() {
                        path);
         }
         if (!v.integrity_ok || (v.bad_checksums && !st->fix)) {
-          if (st->json) fmt::print("{}\n", json_text(j));
+          if (st->json) emit_json(j);
           return 1;
         }
       }
@@ -227,7 +226,7 @@ Command cache_command() {
                    s.path, s.schema_version, s.binaries,
                    s.binary_bytes / 1048576.0, s.measurements, s.failures, s.winners, s.file_bytes / 1048576.0);
     }
-    if (st->json) fmt::print("{}\n", json_text(j));
+    if (st->json) emit_json(j);
     return 0;
   };
   return c;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.hpp"
+#include "cli/json_report.hpp"
 #include "core/checked.hpp"
 #include "runtime/cache_keys.hpp"
 #include "runtime/cuda_driver.hpp"
@@ -16,18 +17,15 @@ double mib(size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
 void print_result(const LayerCheckResult& r, const LayerCheckOptions& o, bool json) {
   const bool ok = r.passed(o.tolerance);
   if (json) {
-    fmt::print("{{\"layer\": \"{}\", \"device\": \"{}\", \"tokens\": {}, \"mode\": \"{}\", \"routing\": \"{}\", "
-               "\"forward_ms\": {:.4f}, \"backward_ms\": {:.4f}, \"saved_bytes\": {}, \"h_floor_bytes\": {}, "
-               "\"index_bytes\": {}, \"peak_bytes\": {}, \"all_written\": {}, \"bitwise_identical\": {}, "
-               "\"passed\": {}, \"errors\": [",
-               r.layer, r.device, r.tokens, to_string(o.mode),
-               o.layer.router == RouterKind::none ? to_string(o.routing) : "router", r.forward_ms, r.backward_ms,
-               r.plan.saved_bytes, r.plan.h_floor_bytes, r.plan.index_bytes, r.peak_bytes, r.all_written,
-               r.bitwise_identical, ok);
-    for (size_t i = 0; i < r.errors.size(); ++i)
-      fmt::print("{}{{\"name\": \"{}\", \"rel_error\": {:.3e}, \"elements\": {}, \"exact\": {}}}", i ? ", " : "",
-                 r.errors[i].name, r.errors[i].rel_error, r.errors[i].elements, r.errors[i].exact);
-    fmt::print("]}}\n");
+    nlohmann::json errors = nlohmann::json::array();
+    for (const auto& e : r.errors)
+      errors.push_back({{"name", e.name}, {"rel_error", e.rel_error}, {"elements", e.elements}, {"exact", e.exact}});
+    emit_json({{"layer", r.layer}, {"device", r.device}, {"tokens", r.tokens}, {"mode", to_string(o.mode)},
+               {"routing", o.layer.router == RouterKind::none ? to_string(o.routing) : "router"},
+               {"forward_ms", r.forward_ms}, {"backward_ms", r.backward_ms}, {"saved_bytes", r.plan.saved_bytes},
+               {"h_floor_bytes", r.plan.h_floor_bytes}, {"index_bytes", r.plan.index_bytes},
+               {"peak_bytes", r.peak_bytes}, {"all_written", r.all_written},
+               {"bitwise_identical", r.bitwise_identical}, {"passed", ok}, {"errors", errors}});
     return;
   }
   fmt::print("{} on {}, T={}, mode {}, routing {}\n", r.layer, r.device, r.tokens, to_string(o.mode),

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -10,6 +11,7 @@
 
 #include "cache/kernel_cache.hpp"
 #include "cli/commands.hpp"
+#include "cli/json_report.hpp"
 #include "core/errors.hpp"
 #include "generator/heuristics.hpp"
 #include "runtime/kernel_build.hpp"
@@ -53,22 +55,19 @@ Command presets_command() {
   };
   c.selected = [=] { return (*app)->parsed(); };
   c.run = [=] {
-    if (*json) fmt::print("[\n");
-    const auto& all = presets();
-    for (size_t i = 0; i < all.size(); ++i) {
-      const auto& p = all[i];
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& p : presets()) {
       const auto& s = p.layer.shape;
       if (*json)
-        fmt::print("  {{\"name\": \"{}\", \"E\": {}, \"K\": {}, \"d\": {}, \"n\": {}, \"T\": {}, \"router\": \"{}\", "
-                   "\"renormalize\": {}, \"route_scale\": {}, \"suite\": {}}}{}\n",
-                   p.name, s.experts, s.topk, s.hidden, s.ffn, p.tokens, to_string(p.layer.router),
-                   p.layer.renormalize, p.layer.route_scale, p.in_suite, i + 1 < all.size() ? "," : "");
+        j.push_back({{"name", p.name}, {"E", s.experts}, {"K", s.topk}, {"d", s.hidden}, {"n", s.ffn}, {"T", p.tokens},
+                     {"router", to_string(p.layer.router)}, {"renormalize", p.layer.renormalize},
+                     {"route_scale", p.layer.route_scale}, {"suite", p.in_suite}});
       else
         fmt::print("{:<18} E={:<4} K={:<3} d={:<5} n={:<6} T={:<6} router={}{}{}\n", p.name, s.experts, s.topk,
                    s.hidden, s.ffn, p.tokens, to_string(p.layer.router), p.layer.renormalize ? ",renorm" : "",
                    p.in_suite ? "  [suite]" : "");
     }
-    if (*json) fmt::print("]\n");
+    if (*json) emit_json(j);
     return 0;
   };
   return c;
@@ -79,7 +78,7 @@ Command generate_command() {
     CLI::App* app = nullptr;
     ShapeOptions shape;
     std::string arch = "sm_90a";
-    bool json = false, show_source = false, check_only = false;
+    bool json = false, show_source = false, check_only = false, quiet = false;
     std::vector<std::string> tiles;
     std::string ptx_dir;
     std::string db;
@@ -91,11 +90,12 @@ Command generate_command() {
     st->shape.add(st->app, false);
     // The default tiles' token rule (heuristics.cpp few_slots_per_expert): the preset's T is not
     // assumed, since one compiled set serves every T.
-    st->app->add_option("--tokens,-T", st->shape.tokens,
+    st->shape.tokens_option = st->app->add_option("--tokens,-T", st->shape.tokens,
                         "tokens per step T the default tiles are chosen for (default: none, the E/K rule)");
     st->app->add_option("--arch", st->arch, "target architecture")->capture_default_str();
     st->app->add_flag("--json", st->json, "machine-readable output");
     st->app->add_flag("--source", st->show_source, "print each generated instantiation source");
+    st->app->add_flag("--quiet", st->quiet, "no progress lines on stderr");
     st->app->add_option("--tile", st->tiles, "FAMILY=TILE: another tile for a family (e.g. gate_up=128x128x64_w8x1_s3_wgmma)");
     st->app->add_option("--ptx-dir", st->ptx_dir, "write each kernel's PTX to DIR/<kernel>.ptx (created if missing)");
     st->app->add_option("--db", st->db,
@@ -114,7 +114,7 @@ Command generate_command() {
     } catch (const InvalidArgument& e) {
       throw InvalidArgument("--arch", e.reason);
     }
-    const int64_t tokens = st->shape.tokens != 0 ? st->shape.token_count(0) : 0;
+    const int64_t tokens = st->shape.tokens_given() ? st->shape.token_count(0) : 0;
     auto specs = layer_kernel_specs(layer, arch, tokens);
     for (const auto& [f, tile] : parse_tiles(st->tiles, "--tile"))
       for (auto& s : specs)
@@ -123,11 +123,10 @@ Command generate_command() {
     if (st->check_only) {  // generate() throws InvalidArgument("tile", why) on an illegal tile
       for (const auto& s : specs) (void)generate(s);
       if (st->json) {
-        fmt::print("{{\"layer\": \"{}\", \"arch\": \"{}\", \"tokens\": {}, \"kernels\": [\n", layer.describe(), st->arch, tokens);
-        for (size_t i = 0; i < specs.size(); ++i)
-          fmt::print("  {{\"family\": \"{}\", \"tile\": \"{}\"}}{}\n", to_string(specs[i].family),
-                     is_tiled(specs[i].family) ? specs[i].tile.to_string() : "-", i + 1 < specs.size() ? "," : "");
-        fmt::print("]}}\n");
+        nlohmann::json kernels = nlohmann::json::array();
+        for (const auto& s : specs)
+          kernels.push_back({{"family", to_string(s.family)}, {"tile", is_tiled(s.family) ? s.tile.to_string() : "-"}});
+        emit_json({{"layer", layer.describe()}, {"arch", st->arch}, {"tokens", tokens}, {"kernels", kernels}});
       } else {
         fmt::print("{} for {}: {} kernels, every tile legal\n", layer.describe(), st->arch, specs.size());
       }
@@ -141,12 +140,22 @@ Command generate_command() {
                                                        ec ? ec.message() : "a file is in the way"));
       require_writable_folder(st->ptx_dir, "--ptx-dir");
     }
+    // Compiling a layer takes a while (tens of seconds): a phase line, and a count with an
+    // estimate on a terminal.
+    const auto say = progress_printer(st->quiet);
+    BuildOptions bo{nullptr, 0, true};
+    bo.progress = [&](const BuildProgress& p) {
+      if (p.done == 0) say(fmt::format("compiling {} kernels of {} with NVRTC", p.total, layer.describe()), false);
+      else say(p.line(), p.done < p.total);
+    };
     std::vector<BuiltKernel> built;
     if (st->db.empty()) {
-      built = compile_all(specs, 0, true);
+      built = build_all(specs, bo);
     } else {
       KernelCache cache(cache_path_option(st->db));
-      built = build_all(specs, BuildOptions{&cache, 0, !st->ptx_dir.empty()});
+      bo.cache = &cache;
+      bo.keep_ptx = !st->ptx_dir.empty();
+      built = build_all(specs, bo);
     }
     for (const auto& b : built) {
       if (st->ptx_dir.empty()) break;
@@ -156,33 +165,35 @@ Command generate_command() {
       if (!f) throw InvalidArgument("--ptx-dir", fmt::format("cannot write '{}'", path.string()));
     }
     int spills = 0;
-    if (st->json) fmt::print("{{\"layer\": \"{}\", \"arch\": \"{}\", \"nvrtc\": \"{}\", \"kernels\": [\n",
-                             layer.describe(), st->arch, nvrtc_version());
-    else fmt::print("{} for {} (NVRTC {})\n", layer.describe(), st->arch, nvrtc_version());
-    for (size_t i = 0; i < built.size(); ++i) {
-      const auto& b = built[i];
+    nlohmann::json kernels = nlohmann::json::array();
+    if (!st->json) fmt::print("{} for {} (NVRTC {})\n", layer.describe(), st->arch, nvrtc_version());
+    for (const auto& b : built) {
       const auto& r = b.compiled.resources;
       spills += r.has_spills();
       if (st->json) {
-        fmt::print("  {{\"family\": \"{}\", \"kernel\": \"{}\", \"registers\": {}, \"static_smem\": {}, "
-                   "\"dynamic_smem\": {}, \"stack\": {}, \"spill_stores\": {}, \"spill_loads\": {}, "
-                   "\"cubin_bytes\": {}, \"code_bytes\": {}, \"compile_ms\": {:.0f}, \"tile\": \"{}\", \"mma\": \"{}\"}}{}\n",
-                   to_string(b.generated.spec.family), b.compiled.kernel_name, r.registers, r.static_smem_bytes,
-                   b.generated.dynamic_smem, r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes,
-                   b.compiled.cubin.size(), r.code_bytes, b.compiled.compile_ms,
-                   is_tiled(b.generated.spec.family) ? b.generated.spec.tile.to_string() : "-", tensor_instruction(b),
-                   i + 1 < built.size() ? "," : "");
-      } else {
-        // code: the kernel's machine code, KiB (how far an epilogue's unrolling has gone).
-        fmt::print("  {:<16} regs {:>3}  smem {:>6} + {:>6}  stack {:>3}  spill {:>3}/{:<3}  code {:>4} KiB  {:>5.0f} ms  {:<8} {}\n",
-                   to_string(b.generated.spec.family), r.registers, r.static_smem_bytes, b.generated.dynamic_smem,
-                   r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes,
-                   r.code_bytes < 0 ? std::string("?") : fmt::format("{}", (r.code_bytes + 1023) / 1024),
-                   b.compiled.compile_ms, tensor_instruction(b), b.compiled.kernel_name);
+        nlohmann::json k{{"family", to_string(b.generated.spec.family)}, {"kernel", b.compiled.kernel_name},
+                         {"registers", r.registers}, {"static_smem", r.static_smem_bytes},
+                         {"dynamic_smem", b.generated.dynamic_smem}, {"stack", r.stack_bytes},
+                         {"spill_stores", r.spill_store_bytes}, {"spill_loads", r.spill_load_bytes},
+                         {"cubin_bytes", b.compiled.cubin.size()}, {"code_bytes", r.code_bytes},
+                         {"compile_ms", std::round(b.compiled.compile_ms)},
+                         {"tile", is_tiled(b.generated.spec.family) ? b.generated.spec.tile.to_string() : "-"},
+                         {"mma", tensor_instruction(b)}};
+        if (st->show_source) k["source"] = b.generated.source.text;
+        kernels.push_back(std::move(k));
+        continue;
       }
+      // code: the kernel's machine code, KiB (how far an epilogue's unrolling has gone).
+      fmt::print("  {:<16} regs {:>3}  smem {:>6} + {:>6}  stack {:>3}  spill {:>3}/{:<3}  code {:>4} KiB  {:>5.0f} ms  {:<8} {}\n",
+                 to_string(b.generated.spec.family), r.registers, r.static_smem_bytes, b.generated.dynamic_smem,
+                 r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes,
+                 r.code_bytes < 0 ? std::string("?") : fmt::format("{}", (r.code_bytes + 1023) / 1024),
+                 b.compiled.compile_ms, tensor_instruction(b), b.compiled.kernel_name);
       if (st->show_source) fmt::print("{}\n", b.generated.source.text);
     }
-    if (st->json) fmt::print("], \"kernels_with_spills\": {}}}\n", spills);
+    if (st->json)
+      emit_json({{"layer", layer.describe()}, {"arch", st->arch}, {"nvrtc", nvrtc_version()}, {"kernels", kernels},
+                 {"kernels_with_spills", spills}});
     else fmt::print("{} kernels compiled, {} with spills or stack use\n", built.size(), spills);
     return spills ? 1 : 0;
   };

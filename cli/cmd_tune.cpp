@@ -18,9 +18,8 @@
 #include "tuner/tuner.hpp"
 
 namespace moeblaze::cli {
-namespace {
-
-// Progress on a terminal: transient lines overwrite each other; plain lines otherwise.
+// Progress on stderr. On a terminal transient lines (counts, estimates) overwrite each other;
+// otherwise only the lasting ones (one a phase) are printed, so logs stay short.
 std::function<void(const std::string&, bool)> progress_printer(bool quiet) {
   const bool tty = isatty(fileno(stderr));
   return [tty, quiet](const std::string& line, bool transient) {
@@ -33,8 +32,6 @@ std::function<void(const std::string&, bool)> progress_printer(bool quiet) {
     }
   };
 }
-
-}  // namespace
 
 std::string cache_path_option(const std::string& db) { return db.empty() ? KernelCache::default_path() : db; }
 
@@ -96,7 +93,11 @@ Command tune_command() {
     o.budget_s = st->budget;
     o.samples = st->samples;
     o.candidates_per_family = st->candidates;
-    o.progress = progress_printer(st->quiet || st->json);
+    // Progress goes to stderr, so it stays with --json (stdout holds only the report).
+    o.progress = progress_printer(st->quiet);
+    // Checked before minutes of compiling: the baseline is timed on a GPU.
+    std::string no_gpu;
+    if (!st->baseline_out.empty() && !gpu_available(&no_gpu)) throw NoGpu("--baseline-out needs timings: " + no_gpu);
     KernelCache cache(cache_path_option(st->db));
     print_notices(cache);
     if (!cache.writable()) throw CacheError(fmt::format("cache {} is read-only: tuning stores into it", cache.path()));
@@ -110,12 +111,12 @@ Command tune_command() {
                        {"cannot_run", r.cannot_run}, {"not_stored", r.not_stored}, {"cache_error", r.cache_error},
                        {"all_in_cache", shortfall.empty()}, {"shortfall", shortfall},
                        {"step_default_ms", r.step_default_ms}, {"step_tuned_ms", r.step_tuned_ms},
-                       {"seconds", r.seconds},    {"db", cache.path()}};
+                       {"seconds", r.seconds},    {"db", cache.path()}, {"families", nlohmann::json::array()}};
       for (const auto& f : r.families)
         j["families"].push_back({{"family", f.family}, {"bucket", f.token_bucket}, {"winner", f.winner},
                                  {"winner_ms", f.winner_ms}, {"default", f.default_tile}, {"default_ms", f.default_ms},
                                  {"candidates", f.candidates}, {"failures", f.failures}, {"note", f.note}});
-      fmt::print("{}\n", json_text(j));
+      emit_json(j);
     } else {
       fmt::print("{} into {}\n", r.layer, cache.path());
       fmt::print("compiled {} candidates ({} already cached), {} failed to compile, {} cannot run here (recorded as "
@@ -197,9 +198,13 @@ Command regress_command() {
     require_in_range(st->samples, 10, kMaxSamples, "--samples");
     const auto force = parse_tiles(st->force, "--force");
     std::string why;
-    if (!gpu_available(&why)) {
-      fmt::print("regress: skipped, no GPU here ({}); baseline {} has {} kernels\n", why, st->baseline,
-                 base.kernels.size());
+    if (!gpu_available(&why)) {  // CI machines without a GPU pass: README "Exit codes"
+      if (st->json)
+        emit_json({{"skipped", true}, {"reason", "no GPU here (" + why + ")"}, {"baseline", st->baseline},
+                   {"baseline_kernels", base.kernels.size()}, {"kernels", nlohmann::json::array()}, {"slower", 0}});
+      else
+        fmt::print("regress: skipped, no GPU here ({}); baseline {} has {} kernels\n", why, st->baseline,
+                   base.kernels.size());
       return 0;
     }
     DeviceContext ctx(0);
@@ -208,7 +213,8 @@ Command regress_command() {
     const Baseline now = measure_kernels(base, st->samples, force, &cache);
     const auto lines = compare_to_baseline(base, now, st->tolerance / 100.0);
     int slower = 0;
-    nlohmann::json j;
+    nlohmann::json j{{"skipped", false}, {"baseline", st->baseline}, {"device", now.device},
+                     {"tolerance_percent", st->tolerance}, {"kernels", nlohmann::json::array()}};
     for (const auto& l : lines) {
       slower += l.slower;
       if (st->json)
@@ -220,7 +226,7 @@ Command regress_command() {
     }
     if (st->json) {
       j["slower"] = slower;
-      fmt::print("{}\n", json_text(j));
+      emit_json(j);
     } else {
       fmt::print("{}: {} of {} kernels slower than baseline x {:.0f}% + noise ({} on {})\n",
                  slower ? "REGRESSION" : "OK", slower, lines.size(), 100 + st->tolerance, st->baseline, now.device);

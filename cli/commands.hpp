@@ -31,6 +31,7 @@ void read_integers_as_decimal(CLI::App& app);
 // --preset NAME | --experts --topk --hidden --ffn [--activation] [--router] ...
 struct ShapeOptions {
   std::string preset;
+  std::string preset_positional;  // `moeblaze plan qwen3-30b-a3b`: the same as --preset
   int experts = 0, topk = 0, hidden = 0, ffn = 0;
   std::string activation = "swiglu";
   std::string router;  // empty: the preset's router, or none
@@ -38,14 +39,16 @@ struct ShapeOptions {
   bool expert_bias = false;
   bool renormalize = false;
   float route_scale = 1.f;
-  long long tokens = 0;  // 0: the preset's T
+  long long tokens = 0;  // when -T was not given: the preset's T
+  CLI::Option* tokens_option = nullptr;  // the command's -T, to tell "-T 0" from no -T
   void add(CLI::App* cmd, bool with_tokens);
+  bool tokens_given() const { return tokens_option && tokens_option->count() > 0; }
   // The layer and token count these options name; throws InvalidArgument naming the option.
   LayerConfig layer() const;
   long long token_count(long long fallback) const;
 };
 
-// Upper limits of the CLI's own counts (README "Limits").
+// Upper limits of the CLI's own counts (docs/cache.md "Limits").
 inline constexpr int kMaxSamples = 100000;    // timed samples or steps
 inline constexpr int kMaxCandidates = 1000;   // tile candidates per family
 
@@ -56,6 +59,10 @@ void require_regular_file(const std::string& path, const char* option);
 // The timing routings of tune and bench: router | random | balanced | skewed; throws
 // InvalidArgument(option) before any compile or launch.
 void require_timing_routing(const std::string& routing, const char* option);
+
+// Progress lines on stderr (cmd_tune.cpp): transient ones only on a terminal, where they
+// overwrite each other; none at all when quiet.
+std::function<void(const std::string& line, bool transient)> progress_printer(bool quiet);
 
 // FAMILY=TILE pairs (repeatable --tile / --force options); throws InvalidArgument(option).
 std::map<KernelFamily, TileConfig> parse_tiles(const std::vector<std::string>& pairs, const char* option);

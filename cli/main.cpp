@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/commands.hpp"
+#include "cli/json_report.hpp"
 #include "core/errors.hpp"
 
 namespace {
@@ -26,6 +27,21 @@ std::string empty_value_problem(int argc, char** argv) {
   return "";
 }
 
+// A failed command: the message on stderr and, with --json, the JSON error object on stdout
+// (inside the command's report when it had built one), then the documented exit code.
+int fail(bool json, const std::string& kind, const std::string& message, int code, const std::string& argument = "",
+         const std::string& hint = "") {
+  fmt::print(stderr, "error: {}\n{}", message, hint);
+  if (json) {
+    auto& report = moeblaze::cli::pending_json();
+    const nlohmann::json e = moeblaze::cli::json_error(kind, message, code, argument);
+    if (report && report->is_object()) (*report)["error"] = e;
+    else report = nlohmann::json{{"error", e}};
+    fmt::print("{}\n", moeblaze::cli::json_text(*report));
+  }
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -35,31 +51,31 @@ int main(int argc, char** argv) {
   std::vector<moeblaze::cli::Command> commands = moeblaze::cli::all_commands();
   for (auto& c : commands) c.add(app);
   moeblaze::cli::read_integers_as_decimal(app);
-  if (const std::string why = empty_value_problem(argc, argv); !why.empty()) {
-    fmt::print(stderr, "error: {}\nRun with --help for more information.\n", why);
-    return 2;
-  }
+  const bool json = moeblaze::cli::wants_json(argc, argv);
+  const std::string help = "Run with --help for more information.\n";
+  if (const std::string why = empty_value_problem(argc, argv); !why.empty())
+    return fail(json, "bad_argument", why, 2, "", help);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0 as CLI11 prints them; every other parse error is a bad
     // argument: exit 2 (README "Exit codes"), with CLI11's message, which names the option.
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
-    fmt::print(stderr, "error: {}\nRun with --help for more information.\n", e.what());
-    return 2;
+    return fail(json, "bad_argument", e.what(), 2, "", help);
   }
   try {
     for (auto& c : commands)
-      if (c.selected()) return c.run();
+      if (c.selected()) {
+        const int rc = c.run();
+        if (auto& report = moeblaze::cli::pending_json()) fmt::print("{}\n", moeblaze::cli::json_text(*report));
+        return rc;
+      }
   } catch (const moeblaze::InvalidArgument& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
-    return 2;
+    return fail(json, "bad_argument", e.what(), 2, e.argument);
   } catch (const moeblaze::NoGpu& e) {
-    fmt::print(stderr, "error: this command needs a GPU: {}\n", e.what());
-    return 3;
+    return fail(json, "no_gpu", std::string("this command needs a GPU: ") + e.what(), 3);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
-    return 1;
+    return fail(json, "failure", e.what(), 1);
   }
   return 0;
 }

@@ -8,6 +8,8 @@ namespace moeblaze::cli {
 
 void ShapeOptions::add(CLI::App* cmd, bool with_tokens) {
   cmd->add_option("--preset", preset, "model preset (see `moeblaze presets`)");
+  // A preset named without --preset (`moeblaze plan qwen3-30b-a3b`), as users type it.
+  cmd->add_option("preset", preset_positional, "model preset, the same as --preset NAME");
   cmd->add_option("--experts,-E", experts, "number of experts E (1..512)");
   cmd->add_option("--topk,-K", topk, "experts per token K (1..16, <= E)");
   cmd->add_option("--hidden,-d", hidden, "model width d (multiple of 8, 8..65536)");
@@ -21,16 +23,20 @@ void ShapeOptions::add(CLI::App* cmd, bool with_tokens) {
                   "separate (W1, W3 [E,n,d]) | fused (one gate_up [E,2n,d], the Hugging Face layout)")
       ->capture_default_str();
   cmd->add_flag("--expert-bias", expert_bias, "per-expert biases on both projections (GPT-OSS)");
-  if (with_tokens) cmd->add_option("--tokens,-T", tokens, "tokens per step T (default: the preset's; T*K < 2^31)");
+  if (with_tokens)
+    tokens_option = cmd->add_option("--tokens,-T", tokens, "tokens per step T (default: the preset's; T*K < 2^31)");
 }
 
 LayerConfig ShapeOptions::layer() const {
   LayerConfig l;
   const bool explicit_shape = experts || topk || hidden || ffn;
-  if (!preset.empty()) {
+  if (!preset_positional.empty() && !preset.empty())
+    throw InvalidArgument("--preset", fmt::format("give the preset once: '{}' and --preset {}", preset_positional, preset));
+  const std::string& name = preset_positional.empty() ? preset : preset_positional;
+  if (!name.empty()) {
     if (explicit_shape)
       throw InvalidArgument("--preset", "give either --preset or --experts/--topk/--hidden/--ffn, not both");
-    l = find_preset(preset).layer;
+    l = find_preset(name).layer;
   } else {
     if (!explicit_shape) throw InvalidArgument("--preset", "name a preset or give --experts/--topk/--hidden/--ffn");
     if (!experts) throw InvalidArgument("--experts", "missing (needed with an explicit shape)");
@@ -53,16 +59,20 @@ LayerConfig ShapeOptions::layer() const {
                                                               {"route_scale", "--route-scale"},
                                                               {"weight_layout", "--weight-layout"}};
     const auto o = option.find(e.argument);
-    if (o == option.end() || (!preset.empty() && e.argument != "weight_layout")) throw;
+    if (o == option.end() || (!name.empty() && e.argument != "weight_layout")) throw;
     throw InvalidArgument(o->second, e.reason);
   }
   return l;
 }
 
 long long ShapeOptions::token_count(long long fallback) const {
+  // An explicit -T is taken as given: -T 0 is refused below, not replaced by the preset's T.
   long long t = tokens;
-  if (t == 0 && !preset.empty()) t = find_preset(preset).tokens;
-  if (t == 0) t = fallback;
+  const std::string& name = preset_positional.empty() ? preset : preset_positional;
+  if (!tokens_given()) {
+    if (!name.empty()) t = find_preset(name).tokens;
+    if (t == 0) t = fallback;
+  }
   if (t <= 0) throw InvalidArgument("--tokens", fmt::format("T = {} must be positive", t));
   checked_token_slots(t, layer().shape.topk, "--tokens");
   return t;

@@ -8,7 +8,7 @@
 
 namespace moeblaze {
 
-// Documented limits (README "Limits").
+// Documented limits (docs/cache.md "Limits").
 inline constexpr int64_t kMaxTokenSlots = (int64_t{1} << 31) - 1;  // T*K: slot indices are int32 on the device
 inline constexpr int kMaxWidth = 65536;                            // d and n: keeps T*K*n and E*n*d in int64 bytes
 inline constexpr double kMaxRouteScale = 1e6;                      // gate scale factor

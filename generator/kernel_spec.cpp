@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/errors.hpp"
+#include "kernel_layer.hpp"
 
 namespace moeblaze {
 namespace {
@@ -351,39 +352,6 @@ int KernelSpec::cluster_size() const { return is_tiled(family) ? tile.cluster_m 
 
 bool header_needs_cutlass(const std::string& header) { return header.rfind("moeblaze/sm90/", 0) == 0; }
 
-namespace {
-// Tiles of the kernel layer (TileConfig::cute, templates/moeblaze/sm90/): what its one skeleton
-// and the parts built so far can run.
-std::string kernel_layer_problem(const KernelSpec& spec, int max_smem_bytes) {
-  const TileConfig& t = spec.tile;
-  if (spec.family != KernelFamily::down_proj && spec.family != KernelFamily::gate_up_dgrad)
-    return "the kernel layer (_cute) runs down_proj and gate_up_dgrad so far";
-  if (spec.family == KernelFamily::gate_up_dgrad && spec.layer.shape.ffn % 64)
-    return "kernel-layer gate_up_dgrad tiles need n % 64 == 0 (W1/W3 k stages inside one matrix)";
-  if (!t.persistent()) return "kernel-layer tiles are persistent: ping-pong (_pingpong) or cooperative (_persist)";
-  if (!t.tma_contiguous || !t.tma_store || t.tma_store_blocks)
-    return "kernel-layer tiles load both operands by TMA and store the tile by TMA (_tmacontig_tmastore)";
-  if (t.direct_arrive) return "kernel-layer tiles have no _directarrive (both operands come by TMA)";
-  if (t.cluster_m != 1 && t.cluster_m != 2) return "kernel-layer clusters are pairs along M (_cluster2x1)";
-  if (t.bk != 64) return "bk must be 64 (one 128-byte swizzle group per row)";
-  if (t.pingpong()) {
-    if (t.warps_m != 4 || t.warps_n != 1) return "ping-pong tiles have 4 x 1 warps (one warpgroup per tile)";
-    if (t.bm != 64 && t.bm != 128) return "ping-pong tiles have bm 64 or 128 (one warpgroup's m64 slabs)";
-  } else {
-    if (t.bm != 128 && t.bm != 256) return "cooperative kernel-layer tiles have bm 128 or 256 (two warpgroups of m64 slabs)";
-    if (t.warps_n != 1 || t.compute_threads() != 256) return "cooperative kernel-layer tiles have two consumer warpgroups";
-  }
-  if (t.bn % 64 || t.bn > 256) return "kernel-layer bn must be 64, 128, 192 or 256 (64-column TMA store boxes)";
-  const int acc = t.bm * t.bn / (t.pingpong() ? 128 : 256);
-  if (acc > 192) return fmt::format("{} accumulator registers per thread is too many (at most 192)", acc);
-  if (spec.layer.expert_bias && spec.family == KernelFamily::down_proj)
-    return "the kernel layer's down_proj does not add expert biases yet";
-  if (spec.layer.shape.hidden % 8) return "TMA stores need output rows of a multiple of 8 elements (16 bytes)";
-  if (t.smem_bytes(1) > max_smem_bytes)
-    return fmt::format("{} bytes of shared memory exceeds {}", t.smem_bytes(1), max_smem_bytes);
-  return {};
-}
-}  // namespace
 
 std::string legality_problem(const KernelSpec& spec, int max_smem_bytes) {
   if (!is_tiled(spec.family)) return {};
@@ -497,22 +465,13 @@ GeneratedKernel generate(const KernelSpec& spec) {
   const char* header = fi.header;
   const char* function = fi.function;
   if (is_tiled(spec.family) && spec.tile.cute) {
-    const TileConfig& t = spec.tile;
-    const MoeShape& m = spec.layer.shape;
-    // The family's problem policy and the majors of its operands (sm90/config.cuh Major).
-    const bool dgrad = spec.family == KernelFamily::gate_up_dgrad;
-    header = dgrad ? "moeblaze/sm90/gate_up_dgrad.cuh" : "moeblaze/sm90/down_proj.cuh";
-    function = dgrad ? "moeblaze::sm90::gate_up_dgrad" : "moeblaze::sm90::down_proj";
-    const std::string cfg = fmt::format(
-        "moeblaze::sm90::KernelConfig<{}, {}, {}, moeblaze::sm90::Schedule::{}, {}, moeblaze::sm90::Major::k, "
-        "moeblaze::sm90::Major::{}>",
-        t.bm, t.bn, t.stages, t.pingpong() ? "pingpong" : "cooperative", t.cluster_m, dgrad ? "mn" : "k");
-    targs = dgrad ? fmt::format("{}, {}, {}, {}, {}, {}, {}", cfg, m.experts, m.hidden, m.ffn,
-                                activation_literal(spec.layer.activation), spec.layer.w1_rows(), t.alt_order ? "true" : "false")
-                  : fmt::format("{}, {}, {}, {}, {}", cfg, m.experts, m.hidden, m.ffn, t.alt_order ? "true" : "false");
+    const KernelLayerFamily& k = *kernel_layer_family(spec.family);
+    header = k.header;
+    function = k.function;
+    targs = kernel_layer_template_arguments(spec);
     g.source.needs_cutlass = header_needs_cutlass(header);
-    g.threads = t.threads();
-    g.dynamic_smem = t.smem_bytes(1);
+    g.threads = spec.tile.threads();
+    g.dynamic_smem = kernel_layer_smem_bytes(spec);
   } else if (is_tiled(spec.family)) {
     const TileConfig& t = spec.tile;
     const int nb = stacked_b_tiles(spec.family, spec.layer.activation);

@@ -91,8 +91,9 @@ struct TileConfig {
   int cluster_m = 1;
   // The kernel layer on CuTe (templates/moeblaze/sm90/: one skeleton over a mainloop, an
   // epilogue and a problem policy) instead of the hand-written mainloops ("_cute"). Ping-pong
-  // (_pingpong) or cooperative (_persist) persistent tiles, both operands by TMA
-  // (_tmacontig), the output by ragged TMA stores (_tmastore); down_proj and gate_up_dgrad so far.
+  // (_pingpong) or cooperative (_persist) persistent tiles, contiguous operands by TMA
+  // (_tmacontig), gathered ones by the producer warpgroup, the output by TMA (_tmastore); its
+  // shared memory depends on the family's epilogue (generator/kernel_layer.hpp).
   bool cute = false;
   bool wgmma() const { return uses_wgmma(mainloop); }
   bool warp_specialized() const { return is_warp_specialized(mainloop); }
@@ -109,10 +110,8 @@ struct TileConfig {
   // Threads that issue the tile copies.
   int loader_threads() const { return warp_specialized() ? producer_threads() : compute_threads(); }
   // wgmma tiles reserve 1 KiB to align their 128-byte-swizzle atoms to 1024 bytes.
+  // (Kernel-layer tiles: kernel_layer_smem_bytes.)
   int smem_bytes(int nb) const {
-    // The kernel layer's stages, one staging tile and 2 KiB of barriers and alignment
-    // (templates/moeblaze/sm90/gemm_kernel.cuh kernel_smem_bytes).
-    if (cute) return stages * (bm + nb * bn) * bk * 2 + bm * bn * 2 + 2048;
     return stages * (bm * bk + nb * bn * bk) * 2 + staging_bytes() + (wgmma() ? 1024 : 0);
   }
   // The TMA-store epilogue's staging buffers (gemm/tile.cuh OUT_ELEMS).

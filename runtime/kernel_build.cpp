@@ -1,6 +1,9 @@
 #include "kernel_build.hpp"
 
+#include <fmt/format.h>
+
 #include <chrono>
+#include <cmath>
 #include <mutex>
 
 #include "cache_keys.hpp"
@@ -17,6 +20,33 @@ std::string KernelBuild::error_text() const {
   } catch (...) {
     return "unknown error";
   }
+}
+
+namespace {
+
+std::string duration_text(double s) {
+  const long long r = std::llround(s);
+  return r >= 60 ? fmt::format("{}m{:02}s", r / 60, r % 60) : fmt::format("{}s", r);
+}
+
+std::mutex listener_mutex;
+BuildProgressFn& listener() {
+  static BuildProgressFn fn;
+  return fn;
+}
+
+}  // namespace
+
+std::string BuildProgress::line(const std::string& what) const {
+  std::string out = fmt::format("compiled {} of {} {}, {}", done, total, what, duration_text(seconds));
+  // The rate so far: compiles of one build take alike long.
+  if (done > 0 && done < total) out += fmt::format(", about {} left", duration_text(seconds / done * (total - done)));
+  return out;
+}
+
+void set_build_progress_listener(BuildProgressFn fn) {
+  std::lock_guard lock(listener_mutex);
+  listener() = std::move(fn);
 }
 
 std::shared_ptr<LoadedModule> load_module(const BuiltKernel& k) {
@@ -57,6 +87,26 @@ std::vector<KernelBuild> build_kernels(const std::vector<KernelSpec>& specs, con
     }
   }
   const auto t0 = std::chrono::steady_clock::now();
+  BuildProgressFn progress = o.progress;
+  if (!progress) {
+    std::lock_guard lock(listener_mutex);
+    progress = listener();
+  }
+  std::mutex progress_mutex;
+  int done = 0;  // under progress_mutex
+  auto report = [&](bool one_more) {
+    if (!progress) return;
+    std::lock_guard lock(progress_mutex);
+    done += one_more;
+    progress(BuildProgress{done, static_cast<int>(misses.size()),
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
+  };
+  if (!misses.empty()) {
+    try {
+      report(false);
+    } catch (...) {
+    }
+  }
   parallel_tasks(static_cast<int64_t>(misses.size()), [&](int64_t m) {
     const size_t i = misses[m];
     try {
@@ -79,6 +129,11 @@ std::vector<KernelBuild> build_kernels(const std::vector<KernelSpec>& specs, con
       out[i].kernel = std::move(b);
     } catch (...) {
       out[i].error = std::current_exception();
+    }
+    // A progress callback that throws must not count as this kernel's failure.
+    try {
+      report(true);
+    } catch (...) {
     }
   }, o.threads);
   if (counts) {

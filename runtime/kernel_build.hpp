@@ -6,6 +6,7 @@
 // the call goes on without it and says why (BuildCounts::cache_error).
 #pragma once
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,12 +30,30 @@ struct BuiltKernel {
 // block size, dynamic shared memory and cluster size.
 std::shared_ptr<LoadedModule> load_module(const BuiltKernel& kernel);
 
+// How far a build's compiles have come: `done` of `total` NVRTC compiles (cache hits are not
+// counted), `seconds` since the first one started.
+struct BuildProgress {
+  int done = 0, total = 0;
+  double seconds = 0;
+  // "compiled 37 of 108 kernels, 1m05s, about 1m50s left" (no estimate before the first).
+  std::string line(const std::string& what = "kernels") const;
+};
+using BuildProgressFn = std::function<void(const BuildProgress&)>;
+
+// Where builds whose options name no `progress` report it: one listener for the process (the
+// C ABI forwards it to its caller's callback). Empty: none. Set it before builds start.
+void set_build_progress_listener(BuildProgressFn listener);
+
 struct BuildOptions {
   KernelCache* cache = nullptr;  // null: compile every kernel, store nothing
   unsigned threads = 0;          // compile threads (0: the hardware's)
   // Also keep each kernel's PTX. Cached binaries have none, so every kernel is compiled
   // (and still stored).
   bool keep_ptx = false;
+  // Called once before the first compile (done = 0) and after each compile ends, one call at a
+  // time (from the compiling threads); never when every kernel came from the cache. Empty: the
+  // process's listener (set_build_progress_listener), if any.
+  BuildProgressFn progress{};
 };
 
 // What became of one spec: its kernel, or the exception that generating or compiling it threw.

@@ -157,6 +157,7 @@ ForwardState MoeLayer::forward(const ForwardArgs& a, CUstream stream) const {
                 dptr<void>(a.scratch, fs.h)};
   up.bias = reinterpret_cast<const void*>(a.bias_up.ptr);
   attach_weight_maps(up, ut, l);
+  attach_kernel_layer_maps(up, ut, l, TK, fs.chunk_slots);
   // 4. Down-projection, then the gate-weighted token-major combine.
   const TileConfig& dt = ks.get(KernelFamily::down_proj).generated.spec.tile;
   DownProjArgs down{rv, dptr<void>(a.scratch, fs.h), reinterpret_cast<const void*>(a.w2.ptr),
@@ -236,6 +237,7 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
     GateUpArgs up{rv, cptr(a.x), cptr(a.w1), second_part(l, a.w1, a.w3), dptr<void>(a.scratch, bs.H), nullptr};
     up.bias = cptr(a.bias_up);  // the saved H had the biases added: so has this one
     attach_weight_maps(up, ut, l);
+    attach_kernel_layer_maps(up, ut, l, TK, 0);
     ks.launch(KernelFamily::gate_up, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream, a.observer);
     H = dptr<void>(a.scratch, bs.H);
   }
@@ -249,11 +251,13 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
                    dptr<void>(a.scratch, bs.hg),
                    dptr<float>(a.scratch, bs.partials)};
   attach_weight_maps(dd, dg, l);
+  attach_kernel_layer_maps(dd, dg, l, TK);
   // 3. dW2, right after each column chunk of the down dgrad, whose hg
   // columns it reads (hg is held one chunk at a time: backward_chunk_cols).
   const TileConfig& wt2 = ks.get(KernelFamily::down_wgrad).generated.spec.tile;
   WgradArgs w2{rv, cptr(a.dy), dptr<void>(a.scratch, bs.hg), dptr<void>(a.dw2), nullptr, accumulate};
   if (bs.hg_cols >= n) {
+    attach_hg_out_map(dd, dg, TK, n, n);
     ks.launch(KernelFamily::down_dgrad, slot_tile_blocks(TK, dg.bm, dg.bn, E, n), dd, stream, a.observer);
     attach_hg_map(w2, wt2, TK, n, n);
     attach_output_maps(w2, wt2, E, d, n, n, w2.out0, nullptr);
@@ -264,6 +268,7 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
       dd.n_tile_lo = c0 / dg.bn;
       dd.n_tiles = static_cast<int>(ceil_div(cols, dg.bn));
       dd.hg_ld = bs.hg_cols;
+      attach_hg_out_map(dd, dg, TK, cols, bs.hg_cols);
       ks.launch(KernelFamily::down_dgrad, slot_tile_blocks(TK, dg.bm, dg.bn, E, cols), dd, stream, a.observer);
       w2.n_col0 = c0;
       w2.n_cols = cols;

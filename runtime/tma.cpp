@@ -168,12 +168,42 @@ void attach_output_map(GateUpDgradArgs& ud, const TileConfig& t, const LayerConf
                                                   l.shape.hidden, t.bm, "dxs");
   else if (t.tma_store) ud.tma_dxs = slot_rows_map(ud.dxs, t, l, slots, "dxs");
 }
-// gate_up_wgrad reads dH (A: [T*K, G*n]), down_wgrad hg (B: [T*K, cols], rows ld apart) by TMA.
+// gate_up_wgrad reads dH (A: [T*K, G*n]), down_wgrad hg (B: [T*K, cols], rows ld apart) by TMA;
+// kernel-layer tiles through ragged views, so a k step's rows stop at the expert's last slot.
 void attach_dh_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols) {
-  if (t.tma_contiguous) w.tma_a = encode_weight_map(reinterpret_cast<CUdeviceptr>(w.a), slots, cols, 64, "dH");
+  const CUdeviceptr a = reinterpret_cast<CUdeviceptr>(w.a);
+  if (t.cute) w.tma_a = encode_ragged_rows_map(a, slots, cols, cols, 64, "dH");
+  else if (t.tma_contiguous) w.tma_a = encode_weight_map(a, slots, cols, 64, "dH");
 }
 void attach_hg_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t cols, int64_t ld) {
-  if (t.tma_contiguous) w.tma_b = encode_weight_map(reinterpret_cast<CUdeviceptr>(w.b), slots, cols, 64, "hg", ld);
+  const CUdeviceptr b = reinterpret_cast<CUdeviceptr>(w.b);
+  if (t.cute) w.tma_b = encode_ragged_rows_map(b, slots, cols, ld, 64, "hg");
+  else if (t.tma_contiguous) w.tma_b = encode_weight_map(b, slots, cols, 64, "hg", ld);
+}
+
+void attach_kernel_layer_maps(GateUpArgs& up, const TileConfig& t, const LayerConfig& l, int64_t slots, int64_t h_rows) {
+  if (!t.cute) return;
+  const int64_t n = l.shape.ffn, G = l.gate_parts();
+  if (up.H) {
+    const CUdeviceptr H = reinterpret_cast<CUdeviceptr>(up.H);
+    up.tma_H_gate = encode_ragged_rows_map(H, slots, n, G * n, t.bm, "H");
+    if (G == 2) up.tma_H_up = encode_ragged_rows_map(H + n * 2, slots, n, G * n, t.bm, "H");
+  }
+  if (up.h) up.tma_h_out = encode_ragged_rows_map(reinterpret_cast<CUdeviceptr>(up.h), h_rows, n, n, t.bm, "h");
+}
+void attach_kernel_layer_maps(DownDgradArgs& dd, const TileConfig& t, const LayerConfig& l, int64_t slots) {
+  if (!t.cute) return;
+  const int64_t n = l.shape.ffn, G = l.gate_parts();
+  const CUdeviceptr H = reinterpret_cast<CUdeviceptr>(dd.H), dH = reinterpret_cast<CUdeviceptr>(dd.dH);
+  dd.tma_H_gate = encode_ragged_rows_map(H, slots, n, G * n, t.bm, "H");
+  dd.tma_dH_gate = encode_ragged_rows_map(dH, slots, n, G * n, t.bm, "dH");
+  if (G == 2) {
+    dd.tma_H_up = encode_ragged_rows_map(H + n * 2, slots, n, G * n, t.bm, "H");
+    dd.tma_dH_up = encode_ragged_rows_map(dH + n * 2, slots, n, G * n, t.bm, "dH");
+  }
+}
+void attach_hg_out_map(DownDgradArgs& dd, const TileConfig& t, int64_t slots, int64_t cols, int64_t ld) {
+  if (t.cute) dd.tma_hg_out = encode_ragged_rows_map(reinterpret_cast<CUdeviceptr>(dd.hg), slots, cols, ld, t.bm, "hg");
 }
 
 void attach_output_maps(WgradArgs& w, const TileConfig& t, int64_t experts, int64_t rows, int64_t cols,
@@ -181,11 +211,12 @@ void attach_output_maps(WgradArgs& w, const TileConfig& t, int64_t experts, int6
   // TMA-store tiles write the gradients by TMA: bf16 stored or reduce-added in [bm][64] boxes, an
   // fp32 main gradient reduce-added in [64][32] boxes, 64 rows at a time through the staging
   // buffer (tiles of 128 rows or more: gemm/epilogue/wgrad_store.cuh tma_epilogue).
+  // Kernel-layer tiles write both from whole [bm][128-byte] boxes (sm90/epilogue_wgrad.cuh).
   if (!t.tma_store) return;
   const bool f32 = w.grad_output == static_cast<int>(GradOutput::add_f32);
-  if (f32 && !f32_tma_epilogue(t)) return;
+  if (f32 && !t.cute && !f32_tma_epilogue(t)) return;
   const OutputElement elem = f32 ? OutputElement::f32 : OutputElement::bf16;
-  const int box_rows = f32 ? 64 : t.bm;
+  const int box_rows = f32 && !t.cute ? 64 : t.bm;
   w.tma_out0 = encode_output_map(reinterpret_cast<CUdeviceptr>(out0), experts, rows, cols, ld, box_rows,
                                  "weight gradient", expert_rows, elem);
   if (out1)

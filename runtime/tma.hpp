@@ -99,6 +99,14 @@ void attach_hg_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t col
 void attach_output_maps(WgradArgs& w, const TileConfig& t, int64_t experts, int64_t rows, int64_t cols,
                         int64_t ld, const void* out0, const void* out1, int64_t expert_rows = 0);
 
+// Kernel-layer tiles (TileConfig::cute) of the families whose epilogues move activations by TMA
+// (nothing for other tiles): gate_up's H (its gate and up columns apart, when saved) and h
+// (h_rows: the h buffer's); down_dgrad's H and dH (in place: the same tensor) and the hg
+// buffer's columns of the launch's chunk (cols of them, rows ld apart).
+void attach_kernel_layer_maps(GateUpArgs& up, const TileConfig& t, const LayerConfig& l, int64_t slots, int64_t h_rows);
+void attach_kernel_layer_maps(DownDgradArgs& dd, const TileConfig& t, const LayerConfig& l, int64_t slots);
+void attach_hg_out_map(DownDgradArgs& dd, const TileConfig& t, int64_t slots, int64_t cols, int64_t ld);
+
 // Rows of the TMA views of W1 and W3 ([rows, d]): E*n each, or for a fused gate_up the
 // [E*2n, d] tensor from W1's first row and from W3's (n rows fewer).
 int64_t w1_map_rows(const LayerConfig& l);

@@ -9,7 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-ctest --test-dir "${MOEBLAZE_BUILD_DIR:-build}" --output-on-failure "$@"
+# -V streams every test's own progress as it runs (a line per doctest case and per CLI check,
+# pytest's dots): the whole run takes many minutes.
+ctest --test-dir "${MOEBLAZE_BUILD_DIR:-build}" --output-on-failure -V "$@"
 if [ "${MOEBLAZE_SKIP_PIP:-0}" != 1 ]; then
   scripts/wheel.sh --from-build "${MOEBLAZE_BUILD_DIR:-build}"
 fi

@@ -268,10 +268,23 @@ kind_tiles() {
     pingpong_wide) echo "--tile gate_up=128x96x64_w4x1_s5_pingpong_tmacontig --tile down_proj=128x192x64_w4x1_s5_pingpong_tmacontig" ;;
     pingpong_wide_cluster) echo "--tile gate_up=128x96x64_w4x1_s5_pingpong_tmacontig_cluster2x1 --tile down_proj=128x160x64_w8x1_s4_persist_tmacontig_cluster2x1" ;;
     pingpong_cluster) echo "--tile gate_up=64x128x64_w4x1_s5_pingpong_tmacontig_cluster2x1 --tile down_proj=64x256x64_w4x1_s5_pingpong_tmacontig_cluster2x1" ;;
+    # The kernel layer (templates/moeblaze/sm90, _cute): all six expert GEMMs on the one skeleton,
+    # ping-pong where it runs them and cooperative for the weight gradients; then the other
+    # schedules (and gate_up_dgrad's cluster pair).
+    cute)
+      local s=_tmacontig_tmastore_cute
+      local t="--tile gate_up=128x64x64_w4x1_s5_pingpong$s --tile down_proj=128x128x64_w4x1_s6_pingpong$s"
+      t="$t --tile down_dgrad=128x128x64_w4x1_s4_pingpong$s --tile gate_up_dgrad=128x128x64_w4x1_s6_pingpong$s"
+      echo "$t --tile down_wgrad=128x128x64_w8x1_s5_persist$s --tile gate_up_wgrad=128x128x64_w8x1_s5_persist$s" ;;
+    cute_alt)
+      local s=_tmacontig_tmastore
+      local t="--tile gate_up=128x64x64_w8x1_s5_persist${s}_cute --tile down_proj=128x256x64_w8x1_s3_persist${s}_cute"
+      t="$t --tile down_dgrad=128x128x64_w8x1_s4_persist${s}_cute --tile gate_up_dgrad=128x128x64_w4x1_s6_pingpong${s}_cluster2x1_cute"
+      echo "$t --tile down_wgrad=128x256x64_w8x1_s3_persist${s}_cute --tile gate_up_wgrad=128x128x64_w4x1_s6_pingpong${s}_cute" ;;
   esac
 }
 ALL_KINDS="wgmma ws persist tma_fwd tma_wgrad tma_dgrad bn192 bn_narrow bn_narrow_wide bn224 tmastore tmastore_small slot_tmastore tmastore64 directarrive wgrad256 dgrad_wide
-dgrad_narrow altorder pingpong pingpong64 cluster pingpong_cluster pingpong_wide pingpong_wide_cluster"
+dgrad_narrow altorder pingpong pingpong64 cluster pingpong_cluster pingpong_wide pingpong_wide_cluster cute cute_alt"
 KINDS=${MOEBLAZE_DEV_KINDS:-$ALL_KINDS}
 for k in $KINDS; do
   case " $(echo $ALL_KINDS) " in *" $k "*) ;; *) echo "gpu_run: unknown kind '$k' in MOEBLAZE_DEV_KINDS; kinds: $(echo $ALL_KINDS)" >&2; exit 2 ;; esac
@@ -283,6 +296,8 @@ case_args() {
     fwd) echo "forward-check -E 8 -K 2 -d 256 -n 128 -T 300" ;;
     grad) echo "grad-check -E 8 -K 2 -d 256 -n 128 -T 300" ;;
     skew) echo "grad-check -E 64 -K 8 -d 256 -n 192 -T 1000 --router none --routing skewed --activation silu" ;;  # hot experts, one up matrix
+    skew_gated) echo "grad-check -E 64 -K 8 -d 256 -n 256 -T 1000 --router none --routing skewed" ;;  # hot experts (experts above 128 slots)
+    aligned_recompute_gated) echo "grad-check -E 60 -K 4 -d 192 -n 256 -T 777 --mode recompute" ;;
     ragged) echo "grad-check -E 60 -K 4 -d 200 -n 200 -T 777 --activation geglu" ;;  # partial tiles both ways; gate_up_wgrad tiles straddle dW1 | dW3
     ragged_cols) echo "grad-check -E 60 -K 4 -d 200 -n 256 -T 777" ;;  # partial column tiles only
     aligned) echo "grad-check -E 60 -K 4 -d 192 -n 256 -T 777 --activation geglu" ;;  # d, n multiples of 64 (TMA dgrad weight stages)
@@ -323,6 +338,7 @@ kind_cases() {
     pingpong_cluster) echo "grad skew aligned_chunked" ;;
     pingpong_wide) echo "grad aligned skew aligned_recompute aligned_chunked ragged" ;;
     pingpong_wide_cluster) echo "grad skew aligned_chunked ragged" ;;
+    cute|cute_alt) echo "grad skew_gated aligned aligned_recompute_gated aligned_chunked fp32" ;;  # gated, d % 64 = 0, n % 128 = 0
   esac
 }
 

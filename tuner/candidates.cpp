@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "generator/heuristics.hpp"
+#include "generator/kernel_layer.hpp"
 
 namespace moeblaze {
 
@@ -33,6 +34,10 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
     return t;
   };
   if (has_wgmma(arch) && def.warp_specialized()) add(with_tma(def));
+  // The kernel layer's tiles (templates/moeblaze/sm90/), the GEMMs' direction: first after the
+  // default, so every tune times them against it (whose check they must pass first).
+  if (arch == Arch::sm_90a)
+    for (const TileConfig& t : kernel_layer_candidates(family)) add(t);
   // The weight gradients: first the two staged tiles with the producer's direct arrivals,
   // whichever the default is not (the default picks by the slots an expert has,
   // generator/heuristics.cpp): _tmastore64 (faster in bf16 where slots are few, but fp32 main

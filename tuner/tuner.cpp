@@ -87,11 +87,14 @@ std::string failure_reason(const KernelBuild& b) {
 
 // Compiles (or fetches) every candidate. A failure, or a kernel that spills, is recorded on
 // the candidate and in the report, and never stops the others.
-void build_candidates(std::vector<Candidate>& cands, KernelCache& cache, TuneReport& rep) {
+void build_candidates(std::vector<Candidate>& cands, KernelCache& cache, TuneReport& rep, const Say& say) {
   std::vector<KernelSpec> specs;
   for (const Candidate& c : cands) specs.push_back(c.spec);
   BuildCounts counts;
-  std::vector<KernelBuild> builds = build_kernels(specs, BuildOptions{&cache}, &counts);
+  BuildOptions bo{&cache};
+  // A count and an estimate as each compile ends: transient, so a terminal shows one line.
+  bo.progress = [&](const BuildProgress& p) { say(p.line("candidates"), true); };
+  std::vector<KernelBuild> builds = build_kernels(specs, bo, &counts);
   rep.candidates += static_cast<int>(cands.size());
   rep.compiled += counts.compiled;
   rep.from_cache += counts.from_cache;
@@ -454,15 +457,16 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
   say(fmt::format("compiling {} candidates of {} families for {} ({})", flat.size(), tunable_families(layer).size(),
                   rep.layer, to_string(arch)),
       false);
-  build_candidates(flat, cache, rep);
+  const auto t_compile = Clock::now();
+  build_candidates(flat, cache, rep, say);
   if (!rep.cache_error.empty())
     say(fmt::format("the cache failed while storing candidates ({} compiled, not stored): {}", rep.not_stored,
                     rep.cache_error),
         false);
   Candidates cands;
   for (auto& c : flat) cands[c.spec.family].push_back(std::move(c));
-  say(fmt::format("compiled {} (cache had {}), {} failed, {} cannot run here", rep.compiled, rep.from_cache,
-                  rep.compile_failures, rep.cannot_run),
+  say(fmt::format("compiled {} (cache had {}), {} failed, {} cannot run here, in {:.0f} s", rep.compiled,
+                  rep.from_cache, rep.compile_failures, rep.cannot_run, seconds_since(t_compile)),
       false);
   if (!gpu) {
     rep.timed = false;

@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 # Codes of capi/c_api.h
 OK, ERR_INVALID_ARGUMENT, ERR_NO_GPU, ERR_CUDA, ERR_COMPILE, ERR_CACHE, ERR_OTHER = range(7)
@@ -41,7 +41,9 @@ class InvalidArgument(ValueError):
 
 
 class NoGpu(MoeblazeError):
-    pass
+    """No usable GPU: no driver (libcuda), no device, or the driver refused to start. Raised by
+    the calls that run kernels; everything else (make_config, plan_memory, describe, compiling
+    and tuning into the cache without timing) works without a GPU. `gpu_available()` asks first."""
 
 
 class Tensor(ctypes.Structure):
@@ -86,6 +88,10 @@ class State(ctypes.Structure):
                 ("saved_bytes", ctypes.c_uint64)] + [
         (n, ctypes.c_uint64) for n in ["expert_token_indices", "expert_token_offsets", "token_expert_indices",
                                         "token_index_map", "tile_prefix", "expert_counts", "status", "H"]]
+
+
+# void (*)(const char* line, int32_t transient, void* user)
+PROGRESS_FN = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_int32, ctypes.c_void_p)
 
 
 def _candidates():
@@ -142,6 +148,7 @@ def _load():
         "mb_token_bucket": ([c.c_int64, P(c.c_int64)], c.c_int),
         "mb_tune": ([P(LayerConfig), P(c.c_int64), c.c_int32, c.c_char_p, c.c_double, c.c_char_p, c.c_size_t],
                     c.c_int),
+        "mb_set_progress_callback": ([PROGRESS_FN, c.c_void_p], c.c_int),
         "mb_presets": ([c.c_char_p, c.c_size_t], c.c_int),
         "mb_preset": ([c.c_char_p, P(LayerConfig), P(c.c_int64)], c.c_int),
         "mb_compile": ([P(LayerConfig), c.c_int64, c.c_char_p, c.c_char_p, c.c_char_p, c.c_size_t], c.c_int),
@@ -162,6 +169,24 @@ def _load():
 lib, library_path = _load()
 
 
+def _install_progress():
+    """Routes the library's progress lines (a shape's first compile, tune's phases and counts)
+    to the `moeblaze` logger (moeblaze._log)."""
+    from ._log import ProgressLog
+    log = ProgressLog()
+
+    def on_progress(line, transient, _user):
+        log(line.decode(errors="replace"), bool(transient))
+
+    fn = PROGRESS_FN(on_progress)
+    if lib.mb_set_progress_callback(fn, None) != OK:
+        return None
+    return fn  # kept alive: the library holds a pointer to it
+
+
+_progress_callback = _install_progress()
+
+
 def check(code: int) -> None:
     """Raises the Python exception for a C status code."""
     if code == OK:
@@ -177,6 +202,20 @@ def check(code: int) -> None:
 def make_config(experts: int, topk: int, hidden: int, ffn: int, activation: str = "swiglu",
                 router: str | None = "softmax", renormalize: bool = False, route_scale: float = 1.0,
                 weight_layout: str = "separate", expert_bias: bool = False) -> LayerConfig:
+    """A layer's configuration, checked by the library (no GPU needed).
+
+    experts (E, 1..512), topk (K, 1..16 and at most E), hidden (d) and ffn (n, multiples of 8 in
+    8..65536) give the shape; activation is one of swiglu, geglu, clamped_swiglu (gated: W1 and
+    W3) or silu, gelu, relu (W1 only); router is "softmax", "sigmoid" (DeepSeek-V3: sigmoid scores,
+    picks by score + per-expert bias) or None (the caller passes topk_ids and topk_weights);
+    renormalize renormalises the gates over the K picks; route_scale multiplies them;
+    weight_layout "fused" takes one gate_up [E, 2n, d] in place of W1 and W3; expert_bias adds
+    per-expert biases (GPT-OSS). Raises InvalidArgument naming the first bad argument.
+
+    >>> cfg = make_config(64, 8, 2048, 1024)
+    >>> describe(cfg)
+    'E=64 K=8 d=2048 n=1024 swiglu router=softmax'
+    """
     from ._validate import INT32_MAX, check_int, check_real
     experts, topk = check_int("experts", experts, 1, INT32_MAX), check_int("topk", topk, 1, INT32_MAX)
     hidden, ffn = check_int("hidden", hidden, 1, INT32_MAX), check_int("ffn", ffn, 1, INT32_MAX)
@@ -194,12 +233,21 @@ def make_config(experts: int, topk: int, hidden: int, ffn: int, activation: str 
 
 
 def describe(cfg: LayerConfig) -> str:
+    """The layer's one-line description, as the CLI and the cache name it (for example
+    "E=64 K=8 d=2048 n=1024 swiglu router=softmax")."""
     buf = ctypes.create_string_buffer(512)
     check(lib.mb_config_describe(ctypes.byref(cfg), buf, len(buf)))
     return buf.value.decode()
 
 
 def plan_memory(cfg: LayerConfig, tokens: int, mode: str = "save-h") -> MemoryPlan:
+    """Bytes one forward + backward of `tokens` tokens needs beyond its inputs and outputs, per
+    checkpoint mode (no GPU needed; `moeblaze plan` prints the same).
+
+    mode: "save-h" keeps H = [A|B] between forward and backward, "recompute" only the index
+    arrays. The fields: saved_bytes (held from forward to backward), forward_scratch_bytes,
+    backward_scratch_bytes (freed after each pass), h_floor_bytes (the size of H alone) and
+    index_bytes (the routing index arrays)."""
     from ._validate import INT64_MAX, check_int
     if mode not in MODES:
         raise InvalidArgument("checkpoint", f"checkpoint: '{mode}' is not one of save-h, recompute")
@@ -265,4 +313,6 @@ def tensor(ptr: int, dtype: str, shape) -> Tensor:
 
 
 def gpu_available() -> bool:
+    """Whether a GPU the layer can run on is here (a driver and a device). False on a machine
+    without one, where calls that run kernels raise NoGpu; nothing is started by asking."""
     return bool(lib.mb_gpu_available())

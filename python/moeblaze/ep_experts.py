@@ -34,7 +34,7 @@ class MoeblazeExperts:
     tiles="tuned" loads the cache's winners for the local shape (else the default tiles);
     "default" always runs the default tiles, compiled without the cache, so that the tiles and
     hence the bits do not depend on what was tuned (the default tiles of a shape do not depend
-    on its expert count in any way that changes results; see README, Expert parallelism)."""
+    on its expert count in any way that changes results; see docs/expert-parallelism.md, Numerics)."""
 
     def __init__(self, activation: str = "swiglu", checkpoint: str = "save-h", tiles: str = "tuned"):
         if activation not in C.ACTIVATIONS:

@@ -16,6 +16,9 @@ GATED = ("swiglu", "geglu", "clamped_swiglu")
 
 
 def activation(name: str, a: Tensor) -> Tensor:
+    """The activation `name` of the first (gate) projection `a`, as the kernels compute it:
+    silu (swiglu, silu), the tanh approximation of gelu (geglu, gelu), relu, or GPT-OSS's
+    clamped form (clamped_swiglu: min(a, 7) sigmoid(1.702 min(a, 7)))."""
     if name == "clamped_swiglu":
         a = a.clamp(max=CLAMPED_SWIGLU_LIMIT)
         return a * torch.sigmoid(CLAMPED_SWIGLU_ALPHA * a)

@@ -522,9 +522,21 @@ def stack_experts(weights: Sequence[Tensor]) -> Tensor:
 
 def tune(model: torch.nn.Module, tokens: Optional[Sequence[int]] = None, cache_path: Optional[str] = None,
          budget_s: float = 300.0) -> List[dict]:
-    """Tunes every distinct MoE shape in `model` into the cache that the CLI and training
-    processes share. tokens: token counts per step (default: the counts the layers have seen)."""
+    """Tunes every distinct MoE shape in `model` into the kernel cache that the CLI and training
+    processes share, and returns one report (a dict) per shape.
+
+    tokens: token counts per step to tune for (default: the counts the layers have seen; each is
+    bucketed to a power of two). cache_path: the cache file (default: $MOEBLAZE_CACHE, else
+    ~/.cache/moeblaze/kernels.db). budget_s: seconds of timing after which the remaining kernel
+    families keep their default tiles.
+
+    Every candidate tile is compiled into the cache (about two minutes a shape on a few cores),
+    then, on a GPU, timed against the default tiles; the winners are stored and loaded by the
+    next forward. Progress goes to the `moeblaze` logger (INFO; MOEBLAZE_LOG_LEVEL). Without a
+    GPU nothing is timed: the report says `"timed": False` with the reason, and a warning says
+    so. Raises MoeblazeError when candidates failed to compile or to be stored."""
     import json
+    from ._log import logger
     budget_s = check_real("budget_s", budget_s, 0.0, 30 * 24 * 3600.0, positive=True)
     if tokens is not None:
         tokens = [check_int("tokens", t, 1, INT64_MAX) for t in tokens]
@@ -537,15 +549,26 @@ def tune(model: torch.nn.Module, tokens: Optional[Sequence[int]] = None, cache_p
         raise C.InvalidArgument("model", "model: has no moeblaze.torch.MoE layer")
     reports = []
     try:
-        for (cfg, scale), toks in seen.items():
+        for i, ((cfg, scale), toks) in enumerate(seen.items()):
             if not toks:
                 raise C.InvalidArgument("tokens", "tokens: run the model once or pass tokens=[...]")
             arr = (ctypes.c_int64 * len(toks))(*sorted(toks))
             buf = ctypes.create_string_buffer(1 << 16)
             c = _config(cfg, scale)
+            logger.info("tune: shape %d of %d, %s, T = %s", i + 1, len(seen), C.describe(c),
+                        ", ".join(str(t) for t in sorted(toks)))
             C.check(C.lib.mb_tune(ctypes.byref(c), arr, len(toks), cache_path.encode() if cache_path else None,
                                   budget_s, buf, len(buf)))
-            reports.append(json.loads(buf.value.decode()))
+            report = json.loads(buf.value.decode())
+            reports.append(report)
+            if report.get("timed"):
+                logger.info("tune: %s: step %.3f ms with the default tiles, %.3f ms tuned", report.get("layer"),
+                            report.get("step_default_ms", 0.0), report.get("step_tuned_ms", 0.0))
+            else:
+                logger.warning("tune: nothing was timed for %s: %s. Every candidate is compiled into the cache "
+                               "(%s), but no tile was picked: run moeblaze.tune on a GPU machine with this cache "
+                               "to time them", report.get("layer"), report.get("why_not_timed") or "no reason given",
+                               report.get("db"))
     finally:
         # The loaded layers hold the kernels from before tuning: destroyed (not only forgotten,
         # which leaked their modules), so the next use loads the tuned ones.

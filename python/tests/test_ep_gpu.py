@@ -12,7 +12,7 @@
   the group works afterwards.
 
 A fresh kernel cache (MOEBLAZE_CACHE) holds no tuned tiles, so every run uses the default
-tiles, whose results do not depend on the local expert count (README, Expert parallelism)."""
+tiles, whose results do not depend on the local expert count (docs/expert-parallelism.md, Numerics)."""
 import os
 import sys
 

@@ -81,6 +81,9 @@ struct GateUpArgs {      // forward and backward-recompute up-projection
   int slot_lo, slot_hi;   // slot_hi > 0: only the slots [slot_lo, slot_hi) (a forward chunk);
                           // h holds their rows from row 0 (h row = slot - slot_lo)
   const void* bias;       // BIAS layers: [E, G*n] bf16, [gate | up] per expert, added before H
+  // Kernel-layer tiles (_cute): ragged views (runtime/tma.hpp RaggedMapParams) of H's gate (A)
+  // and up (B) columns [T*K][n] (rows G*n apart) and of h [rows of the h buffer][n].
+  TmaMap tma_H_gate, tma_H_up, tma_h_out;
 };
 
 struct DownProjArgs {
@@ -118,6 +121,10 @@ struct DownDgradArgs {
                            // chunk); hg then holds their columns, rows hg_ld apart
   int hg_ld;
   TmaMap tma_w2;           // TMA tiles only: W2 as [E*d, n], boxes [64 k][64 columns]
+  // Kernel-layer tiles (_cute): ragged views (runtime/tma.hpp RaggedMapParams) of H's and dH's
+  // gate (A) and up (B) columns [T*K][n] (rows G*n apart), and of hg's columns of this launch's
+  // chunk [T*K][chunk] (rows hg_ld apart).
+  TmaMap tma_H_gate, tma_H_up, tma_dH_gate, tma_dH_up, tma_hg_out;
 };
 
 struct GateGradArgs {

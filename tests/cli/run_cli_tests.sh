@@ -15,6 +15,7 @@ check() {  # check NAME EXPECTED_RC PATTERN CMD...
   out=$("$@" 2>&1); rc=$?
   if [ "$rc" -eq "$want" ] && grep -qE -- "$pattern" <<<"$out"; then
     pass=$((pass + 1))
+    echo "ok   [$((pass + fail))] ${SECONDS}s  $name"  # progress: the whole run takes minutes
   else
     fail=$((fail + 1))
     echo "FAIL: $name (rc $rc, wanted $want; pattern '$pattern')"
@@ -38,7 +39,7 @@ check "no subcommand" 2 "error: A subcommand is required" "$BIN"
 
 # ---- presets, generate, plan --------------------------------------------------------------
 check "presets" 0 "qwen3-30b-a3b .*\[suite\]" "$BIN" presets
-check "presets --json" 0 '"name": "deepseek-v3", "E": 256' "$BIN" presets --json
+check "presets --json" 0 '"E": 256' "$BIN" presets --json
 check "generate preset" 0 "16 kernels compiled, 0 with spills" "$BIN" generate --preset olmoe-1b-7b
 check "generate json" 0 '"kernels_with_spills": 0' "$BIN" generate $SMALL --json
 check "generate plain activation" 0 "0 with spills" "$BIN" generate $SMALL --activation gelu
@@ -339,6 +340,91 @@ chmod 0555 "$TMP/ptx_ro"
 if [ -n "$AS_OTHER" ] || [ "$(id -u)" != 0 ]; then
   check "generate --ptx-dir unwritable: refused first" 2 "--ptx-dir: cannot write in '$TMP/ptx_ro'" env CUDA_HOME="$TMP/brokencuda" $AS_OTHER "$OTHER_BIN" generate $SMALL --ptx-dir "$TMP/ptx_ro"
 fi
+
+# ---- issue 34: every --json prints one valid JSON document on stdout, in every outcome -------
+# json_check NAME EXPECTED_RC PYTHON_CONDITION CMD...: stdout alone must parse as JSON, the
+# exit code be the documented one, and the condition (on `j`, the parsed value) hold.
+json_check() {
+  local name=$1 want=$2 cond=$3; shift 3
+  local out rc verdict
+  out=$("$@" 2>/dev/null); rc=$?
+  verdict=$(python3 -c 'import json, sys
+try:
+    j = json.loads(sys.stdin.read())
+except ValueError as e:
+    print("not JSON:", e); sys.exit()
+print("ok" if eval(sys.argv[1]) else "condition false")' "$cond" <<<"$out")
+  check "$name" 0 "^ok$" echo "$( [ "$rc" -eq "$want" ] && echo "$verdict" || echo "rc $rc, wanted $want: $verdict")"
+  [ "$verdict" = ok ] || echo "$out" | head -20
+}
+BASE=$(dirname "$0")/../../bench/baselines/qwen3-30b-a3b.json
+json_check "json: presets" 0 'isinstance(j, list) and any(p["name"] == "deepseek-v3" and p["E"] == 256 for p in j)' "$BIN" presets --json
+json_check "json: generate --check-only" 0 'len(j["kernels"]) == 16' "$BIN" generate --check-only --preset mixtral-8x7b --json
+json_check "json: generate" 0 'j["kernels_with_spills"] == 0 and all("registers" in k for k in j["kernels"])' "$BIN" generate $SMALL --json --quiet
+json_check "json: generate --source" 0 'all("extern" in k["source"] for k in j["kernels"])' "$BIN" generate $SMALL --json --source --quiet
+json_check "json: generate, illegal tile" 2 'j["error"]["kind"] == "bad_argument" and j["error"]["exit_code"] == 2' "$BIN" generate --check-only $SMALL --json --tile down_wgrad=128x128x64_w2x4_s3_wgmma
+json_check "json: plan" 0 'j["save-h"]["h_floor_bytes"] == 805306368' "$BIN" plan --preset qwen3-30b-a3b --json
+json_check "json: plan, preset as a positional" 0 'j["recompute"]["saved_bytes"] > 0' "$BIN" plan qwen3-30b-a3b --json
+json_check "json: plan -T 0" 2 'j["error"]["argument"] == "--tokens"' "$BIN" plan qwen3-30b-a3b -T 0 --json
+json_check "json: parse error" 2 '"not expected" in j["error"]["message"]' "$BIN" plan qwen3-30b-a3b --json --bogus
+json_check "json: empty value" 2 '"empty value" in j["error"]["message"]' "$BIN" plan qwen3-30b-a3b --json -T ""
+json_check "json: unknown preset" 2 '"unknown preset" in j["error"]["message"]' "$BIN" plan nope --json
+json_check "json: regress, missing baseline" 2 'j["error"]["argument"] == "--baseline"' "$BIN" regress --baseline "$TMP/none.json" --json
+"$BIN" cache gc --max-mb 1048576 --db "$TMP/empty.db" >/dev/null 2>&1  # a new, empty cache
+json_check "json: cache list of an empty cache" 0 'j == []' "$BIN" cache list --json --db "$TMP/empty.db"
+json_check "json: cache list" 0 'isinstance(j, list)' "$BIN" cache list --json --db "$TMP/base.db"
+json_check "json: cache show" 0 'j["summary"]["binaries"] > 0' "$BIN" cache show --json --db "$TMP/base.db"
+json_check "json: cache verify" 0 'j["verify"]["integrity_ok"]' "$BIN" cache verify --json --db "$TMP/base.db"
+json_check "json: cache verify, damaged" 1 'j["verify"]["integrity_ok"] is False' "$BIN" cache verify --json --db "$TMP/damaged.orig"
+json_check "json: cache export" 0 'j["exported_to"].endswith("j-export.db")' "$BIN" cache export "$TMP/j-export.db" --json --db "$TMP/base.db"
+json_check "json: cache export, exists" 1 'j["error"]["kind"] == "failure"' "$BIN" cache export "$TMP/j-export.db" --json --db "$TMP/base.db"
+json_check "json: cache import" 0 'j["imported_rows"] > 0' "$BIN" cache import "$TMP/j-export.db" --json --db "$TMP/j-import.db"
+json_check "json: cache gc" 0 'j["gc_deleted"] == 0' "$BIN" cache gc --max-mb 1048576 --json --db "$TMP/base.db"
+json_check "json: cache gc, bad cap" 2 'j["error"]["argument"] == "--max-mb"' "$BIN" cache gc --max-mb -1 --json --db "$TMP/base.db"
+json_check "json: cache, not a database" 1 '"not an SQLite database" in j["error"]["message"]' "$BIN" cache show --json --db "$TMP/corrupt.db"
+json_check "json: tune, bad argument" 2 'j["error"]["argument"] == "--candidates"' "$BIN" tune $SMALL -T 64 --candidates 0 --json --db "$TMP/x.db"
+if [ $gpu -eq 0 ]; then
+  json_check "json: tune without a GPU" 0 'j["timed"] is False and j["families"] == [] and j["all_in_cache"]' "$BIN" tune $SMALL -T 100 --candidates 1 --json --db "$TMP/t.db"
+  json_check "json: tune --baseline-out without a GPU" 3 'j["error"]["kind"] == "no_gpu"' "$BIN" tune $SMALL -T 100 --candidates 1 --json --db "$TMP/t.db" --baseline-out "$TMP/b.json"
+  check "tune --baseline-out without a GPU: refused before compiling" 3 "needs timings" "$BIN" tune $SMALL --activation silu -T 100 --candidates 1 --db "$TMP/nobase.db" --baseline-out "$TMP/b.json"
+  check "tune --baseline-out without a GPU: nothing compiled" 1 "" test -e "$TMP/nobase.db"
+  json_check "json: regress without a GPU" 0 'j["skipped"] is True and j["kernels"] == [] and j["baseline_kernels"] > 0' "$BIN" regress --baseline "$BASE" --json
+  NO_GPU='j["error"] == {"kind": "no_gpu", "exit_code": 3, "message": j["error"]["message"]} and "needs a GPU" in j["error"]["message"]'
+  json_check "json: forward-check without a GPU" 3 "$NO_GPU" "$BIN" forward-check $SMALL -T 64 --json
+  json_check "json: grad-check without a GPU" 3 "$NO_GPU" "$BIN" grad-check $SMALL -T 64 --json
+  json_check "json: bench without a GPU" 3 "$NO_GPU" "$BIN" bench $SMALL -T 64 --json
+else
+  json_check "json: forward-check" 0 'j["passed"] and j["errors"]' "$BIN" forward-check $SMALL -T 100 --json
+  json_check "json: grad-check" 0 'j["passed"] and j["errors"]' "$BIN" grad-check $SMALL -T 100 --json
+  json_check "json: bench" 0 'j["step_ms"] > 0 and j["kernels"]' "$BIN" bench $SMALL -T 1000 --db "$TMP/t.db" --json
+  json_check "json: tune" 0 'j["timed"] and j["families"]' "$BIN" tune $SMALL -T 1000 --candidates 2 --json --db "$TMP/t.db" --baseline-out "$TMP/gpu-base.json"
+  json_check "json: regress" 0 'j["skipped"] is False' "$BIN" regress --baseline "$TMP/gpu-base.json" --json
+fi
+# Every subcommand with --json appears above.
+for c in presets generate plan forward-check grad-check tune bench regress; do
+  check "json: $c is covered" 0 "" grep -q "json_check \"json: $c" "$0"
+done
+for c in list show verify export import gc; do
+  check "json: cache $c is covered" 0 "" grep -q "json_check \"json: cache $c" "$0"
+done
+
+# ---- issue 34: a preset as a positional, -T 0, progress ---------------------------------------
+check "preset as a positional" 0 "^E=128 K=8 d=2048 n=768 .*T=32768" "$BIN" plan qwen3-30b-a3b
+check "preset twice" 2 "--preset: give the preset once" "$BIN" plan qwen3-30b-a3b --preset mixtral-8x7b
+check "positional preset and a shape" 2 "not both" "$BIN" plan qwen3-30b-a3b -E 8
+check "-T 0 is refused, not the preset's T" 2 "--tokens: T = 0 must be positive" "$BIN" plan --preset qwen3-30b-a3b -T 0
+check "grad-check -T 0 refused" 2 "--tokens: T = 0" "$BIN" grad-check qwen3-30b-a3b -T 0
+check "generate -T 0 refused" 2 "--tokens: T = 0" "$BIN" generate --check-only qwen3-30b-a3b -T 0
+# Progress on a terminal: a count of the compiles with an estimate (script(1) gives a pty).
+if command -v script >/dev/null; then
+  check "generate on a terminal: a count and an estimate" 0 "compiled [0-9]+ of [0-9]+ kernels, [0-9]+s, about [0-9]+s left" script -qec "'$BIN' generate $SMALL --activation relu" /dev/null
+  check "tune on a terminal: a count of candidates" 0 "compiled [0-9]+ of [0-9]+ candidates" script -qec "'$BIN' tune $SMALL --activation relu -T 100 --candidates 2 --db '$TMP/tty.db'" /dev/null
+fi
+"$BIN" generate $SMALL --activation geglu 2>"$TMP/phases.txt" >/dev/null
+check "generate, not a terminal: one line a phase" 0 "^compiling [0-9]+ kernels of E=8 K=2 d=64 n=64 geglu .*NVRTC$" head -n 1 "$TMP/phases.txt"
+check "generate, not a terminal: the last says how long" 0 "^compiled ([0-9]+) of \\1 kernels, [0-9]+s$" tail -n 1 "$TMP/phases.txt"
+check "generate, not a terminal: no counts between" 0 "^2$" bash -c "wc -l < '$TMP/phases.txt'"
+check "generate --quiet: nothing on stderr" 0 "^$" bash -c "'$BIN' generate $SMALL --quiet 2>&1 >/dev/null"
 
 # ---- the argument space, fuzzed (seeded; the seed is printed) --------------------------------
 check "CLI argument fuzz" 0 "fuzz: [0-9]+ runs, all exit codes documented" python3 "$(dirname "$0")/fuzz_cli_args.py" "$BIN" "$TMP/fuzz" "$TMP/base.db"

@@ -14,6 +14,7 @@
 #include "core/hash.hpp"
 #include "generator/embedded_templates.hpp"
 #include "generator/heuristics.hpp"
+#include "generator/kernel_layer.hpp"
 #include "generator/kernel_spec.hpp"
 #include "runtime/cubin_code.hpp"
 #include "runtime/kernel_set.hpp"
@@ -968,7 +969,7 @@ extern "C" __global__ void acc_rows() {}
   }
 }
 
-TEST_CASE("generator: the kernel layer's down_proj and gate_up_dgrad (_cute) compile, ping-pong and cooperative, alone and in pairs") {
+TEST_CASE("generator: the kernel layer (_cute) runs the six expert GEMMs on one skeleton: legality, shared memory, and each family compiles without spills") {
   auto cute_tile = [](TileConfig t, int cluster) {
     t.tma_contiguous = t.tma_store = t.cute = true;
     t.cluster_m = cluster;
@@ -977,57 +978,103 @@ TEST_CASE("generator: the kernel layer's down_proj and gate_up_dgrad (_cute) com
   const TileConfig pp = cute_tile(pingpong_tile(128, 128, 6), 1);
   CHECK(pp.to_string() == "128x128x64_w4x1_s6_pingpong_tmacontig_tmastore_cute");
   CHECK(pp.threads() == 384);
-  // Six stages, one 128 x 128 bf16 staging tile, 2 KiB of barriers and alignment.
-  CHECK(pp.smem_bytes(1) == 6 * 32 * 1024 + 32 * 1024 + 2048);
   const LayerConfig ds = find_preset("deepseek-v3").layer;
-  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up, ds, pp, Arch::sm_90a}).find("down_proj and gate_up_dgrad so far") != std::string::npos);
+  const LayerConfig q = find_preset("qwen3-30b-a3b").layer;
+  auto spec = [](KernelFamily f, const LayerConfig& l, const TileConfig& t) { return KernelSpec{f, l, t, Arch::sm_90a}; };
+  // Shared memory per family: stages of (bm + accumulator columns) x 64, the epilogue's staging,
+  // 2 KiB of barriers and alignment (sm90/gemm_kernel.cuh kernel_smem_bytes).
+  CHECK(kernel_layer_smem_bytes(spec(KernelFamily::down_proj, ds, pp)) == 6 * 32 * 1024 + 32 * 1024 + 2048);
+  const TileConfig gu = cute_tile(pingpong_tile(128, 64, 5), 1);  // 128 x (2 x 64): W1 | W3 stacked
+  CHECK(kernel_layer_accumulator_cols(spec(KernelFamily::gate_up, q, gu)) == 128);
+  CHECK(kernel_layer_smem_bytes(spec(KernelFamily::gate_up, q, gu)) == 5 * 32 * 1024 + (32 + 16) * 1024 + 2048);
+  const TileConfig dd = cute_tile(pingpong_tile(128, 128, 4), 1);  // H's A and B, hg: three staging tiles
+  CHECK(kernel_layer_smem_bytes(spec(KernelFamily::down_dgrad, q, dd)) == 4 * 32 * 1024 + 3 * 32 * 1024 + 1024 + 2048);
+  const TileConfig wg = cute_tile(wgmma_tile(128, 128, 5, Mainloop::persistent), 1);
+  CHECK(kernel_layer_smem_bytes(spec(KernelFamily::down_wgrad, q, wg)) == 5 * 32 * 1024 + 32 * 1024 + 2048);
+  // What the parts cannot run, each with its reason.
+  auto why = [&](KernelFamily f, const LayerConfig& l, const TileConfig& t) { return legality_problem(spec(f, l, t)); };
+  CHECK(why(KernelFamily::router_logits, ds, pp).find("does not run router_logits") != std::string::npos);
   TileConfig loads = pp;
   loads.tma_store = false;
-  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, ds, loads, Arch::sm_90a}).find("_tmacontig_tmastore") !=
-        std::string::npos);
-  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, ds, cute_tile(pingpong_tile(128, 128, 7), 1), Arch::sm_90a})
-            .find("shared memory") != std::string::npos);
-  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, ds, cute_tile(pingpong_tile(128, 256, 3), 1), Arch::sm_90a})
-            .find("accumulator registers") != std::string::npos);
+  CHECK(why(KernelFamily::down_proj, ds, loads).find("_tmacontig_tmastore") != std::string::npos);
+  CHECK(why(KernelFamily::down_proj, ds, cute_tile(pingpong_tile(128, 128, 7), 1)).find("shared memory") != std::string::npos);
+  CHECK(why(KernelFamily::down_proj, ds, cute_tile(pingpong_tile(128, 256, 3), 1)).find("accumulator registers") != std::string::npos);
+  CHECK(why(KernelFamily::gate_up, q, pp).find("accumulator registers") != std::string::npos);  // 2 x 128 a warpgroup
+  CHECK(why(KernelFamily::gate_up, q, cute_tile(pingpong_tile(128, 64, 5), 2)).find("cluster pairs") != std::string::npos);
+  CHECK(why(KernelFamily::down_dgrad, q, cute_tile(pingpong_tile(128, 128, 5), 1)).find("shared memory") != std::string::npos);
   LayerConfig biased = ds;
   biased.expert_bias = true;
-  CHECK(legality_problem(KernelSpec{KernelFamily::down_proj, biased, pp, Arch::sm_90a}).find("biases") != std::string::npos);
-  const GeneratedKernel g = generate(KernelSpec{KernelFamily::down_proj, ds, pp, Arch::sm_90a});
+  CHECK(why(KernelFamily::down_proj, biased, pp).find("biases") != std::string::npos);
+  CHECK(why(KernelFamily::gate_up, biased, gu).find("biases") != std::string::npos);
+  LayerConfig plain = q;
+  plain.activation = Activation::silu;
+  CHECK(why(KernelFamily::gate_up, plain, gu).find("gated") != std::string::npos);
+  LayerConfig odd_n = ds;
+  odd_n.shape.ffn = 2048 + 32;
+  CHECK(why(KernelFamily::gate_up_dgrad, odd_n, pp).find("n % 64") != std::string::npos);
+  CHECK(why(KernelFamily::gate_up_wgrad, odd_n, wg).find("n % bm") != std::string::npos);
+  const GeneratedKernel g = generate(spec(KernelFamily::down_proj, ds, pp));
   CHECK(g.source.needs_cutlass);
   CHECK(g.source.text.find("moeblaze/sm90/down_proj.cuh") != std::string::npos);
   // Only kernel-layer kernels include CUTLASS (and key their binaries on its release).
   const LayerConfig mixtral = find_preset("mixtral-8x7b").layer;
-  CHECK_FALSE(generate(KernelSpec{KernelFamily::down_proj, mixtral,
-                                  default_tile(KernelFamily::down_proj, mixtral, Arch::sm_90a), Arch::sm_90a})
+  CHECK_FALSE(generate(spec(KernelFamily::down_proj, mixtral, default_tile(KernelFamily::down_proj, mixtral, Arch::sm_90a)))
                   .source.needs_cutlass);
-  CHECK(generate(KernelSpec{KernelFamily::down_proj, ds, default_tile(KernelFamily::down_proj, ds, Arch::sm_90a), Arch::sm_90a})
-            .source.needs_cutlass);
-  // One layer a build (each kernel-layer kernel compiles for tens of seconds on two cores).
-  std::vector<KernelSpec> specs;
-  specs.push_back({KernelFamily::down_proj, ds, pp, Arch::sm_90a});
-  specs.push_back({KernelFamily::down_proj, ds, cute_tile(pingpong_tile(128, 128, 6), 2), Arch::sm_90a});
-  specs.push_back({KernelFamily::down_proj, ds, cute_tile(wgmma_tile(128, 256, 3, Mainloop::persistent), 1), Arch::sm_90a});
-  // gate_up_dgrad: the same skeleton with an MN-major B (W1_e then W3_e k rows in [64][64] boxes).
-  specs.push_back({KernelFamily::gate_up_dgrad, ds, pp, Arch::sm_90a});
-  specs.push_back({KernelFamily::gate_up_dgrad, ds, cute_tile(wgmma_tile(128, 256, 3, Mainloop::persistent), 2), Arch::sm_90a});
-  LayerConfig odd_n = ds;
-  odd_n.shape.ffn = 2048 + 32;
-  CHECK(legality_problem(KernelSpec{KernelFamily::gate_up_dgrad, odd_n, pp, Arch::sm_90a}).find("n % 64") != std::string::npos);
+  CHECK(generate(spec(KernelFamily::down_proj, ds, default_tile(KernelFamily::down_proj, ds, Arch::sm_90a))).source.needs_cutlass);
+
+  // Every family, ping-pong and cooperative, and the all-TMA families' cluster pairs (each
+  // kernel-layer kernel compiles for tens of seconds on two cores: a few tiles each).
+  const TileConfig coop = cute_tile(wgmma_tile(128, 256, 3, Mainloop::persistent), 1);
+  std::vector<KernelSpec> specs = {
+      spec(KernelFamily::gate_up, q, gu),
+      spec(KernelFamily::gate_up, ds, cute_tile(wgmma_tile(128, 64, 5, Mainloop::persistent), 1)),  // cooperative 128 x (2 x 64)
+      spec(KernelFamily::down_proj, ds, pp),
+      spec(KernelFamily::down_proj, ds, cute_tile(pingpong_tile(128, 128, 6), 2)),
+      spec(KernelFamily::down_proj, ds, coop),
+      spec(KernelFamily::down_dgrad, q, dd),
+      spec(KernelFamily::down_wgrad, q, wg),
+      spec(KernelFamily::gate_up_wgrad, ds, cute_tile(wgmma_tile(128, 256, 3, Mainloop::persistent), 1)),
+      spec(KernelFamily::gate_up_dgrad, ds, pp),
+      spec(KernelFamily::gate_up_dgrad, ds, cute_tile(wgmma_tile(128, 256, 3, Mainloop::persistent), 2)),
+  };
   for (const auto& s : specs) REQUIRE_MESSAGE(legality_problem(s).empty(), s.tile.to_string(), legality_problem(s));
   const auto built = compile_all(specs, 0, true);
   check_compiled_without_spills(built);
+  std::set<KernelFamily> families;
   for (const auto& b : built) {
     INFO(b.compiled.kernel_name);
+    const KernelFamily f = b.generated.spec.family;
+    families.insert(f);
     const std::string& ptx = b.compiled.ptx;
+    // One skeleton: each family's kernel is sm90::gemm_kernel's code (PTX names the files its
+    // code comes from, -lineinfo), none of the hand-written mainloops'.
+    CHECK(ptx.find("moeblaze/sm90/gemm_kernel.cuh") != std::string::npos);
+    CHECK(ptx.find("moeblaze/sm90/mainloop.cuh") != std::string::npos);
+    CHECK(ptx.find("moeblaze/gemm/mainloop") == std::string::npos);
+    CHECK(ptx.find("moeblaze/expert_gemms.cuh") == std::string::npos);
     CHECK(ptx.find("wgmma.mma_async.sync.aligned.m64n") != std::string::npos);
-    CHECK(ptx.find("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes") != std::string::npos);
-    CHECK(ptx.find("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group") != std::string::npos);  // the ragged store
-    CHECK(ptx.find("stmatrix.sync.aligned") != std::string::npos);
+    if (f != KernelFamily::down_dgrad) CHECK(ptx.find("stmatrix.sync.aligned") != std::string::npos);
     CHECK(ptx.find("setmaxnreg.inc.sync.aligned.u32") != std::string::npos);
     const bool pair = b.generated.spec.tile.cluster_m == 2;
     CHECK((ptx.find(".multicast::cluster") != std::string::npos) == pair);
     // The pair's consumers release the partner's stages with CTA-scope arrivals (no GPU-wide
     // fence a k step).
     CHECK(ptx.find("fence.acq_rel.gpu") == std::string::npos);
+    // Gathered operands: the producer warpgroup's cp.async copies arrive on the full barrier
+    // and the consumers order them before the wgmmas' reads.
+    const bool gathered = kernel_layer_family(f)->gathered;
+    CHECK((ptx.find("cp.async.mbarrier.arrive.noinc") != std::string::npos) == gathered);
+    CHECK((ptx.find("cp.async.cg.shared.global") != std::string::npos) == gathered);
+    CHECK(ptx.find("fence.proxy.async.shared::cta") != std::string::npos);
+    // Outputs leave by TMA: stores, or reduce-adds (the weight gradients' accumulation).
+    CHECK(ptx.find("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group") != std::string::npos);
+    const bool wgrad = f == KernelFamily::down_wgrad || f == KernelFamily::gate_up_wgrad;
+    CHECK((ptx.find("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add") != std::string::npos) == wgrad);
+    // down_dgrad loads its tile's H by TMA (3-D ragged boxes), prefetched into L2 first.
+    if (f == KernelFamily::down_dgrad) {
+      CHECK(ptx.find("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes") != std::string::npos);
+      CHECK(ptx.find("cp.async.bulk.prefetch.tensor.3d.L2.global") != std::string::npos);
+    }
   }
+  CHECK(families.size() == 6);
 }

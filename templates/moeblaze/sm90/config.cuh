@@ -77,6 +77,15 @@ struct KernelConfig {
   using AtomLayout = cute::Layout<cute::Shape<cute::Int<PINGPONG ? 1 : 2>, cute::_1, cute::_1>>;
   using TiledMma = decltype(cute::make_tiled_mma(MmaOp{}, AtomLayout{}));
 
+  // The accumulator layout of a BM x W tile (the epilogues' narrower fragments: gate_up's h is
+  // half its accumulator's columns). Only its C layout is used; the operands' majors do not
+  // change it.
+  template <int W>
+  using TiledMmaN = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, Accum, cute::Shape<cute::_64, cute::Int<W>, cute::Int<BK>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::K>(),
+      AtomLayout{}));
+
   using SmemLayoutA = StageLayout<MAJOR_A, BM, STAGES>;
   using SmemLayoutB = StageLayout<MAJOR_B, BN, STAGES>;
   static_assert(MAJOR_A == Major::k || BM % 64 == 0, "MN-major stages are whole 64-column blocks");

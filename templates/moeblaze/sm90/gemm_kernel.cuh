@@ -1,17 +1,25 @@
 // The one kernel skeleton of the layer (after CUTLASS's sm90 warp-specialised ping-pong and
 // cooperative kernels): a persistent block of one producer warpgroup and two consumer
-// warpgroups over a Problem (which tile a block computes, where its operands and output are),
-// a Mainloop and an Epilogue, whose shared storage it composes.
+// warpgroups over a Problem, which names everything a family adds:
 //
-// Problem: Args; Tile problem_tile(args, index, rank) with .valid; TmaOperands operands(args,
-// tile); RaggedTile output(args, tile); K_TILES (k steps a tile). Tiles are numbered 0, 1, ...
-// in schedule order until the first invalid one; cluster c (a block, or a pair along M) takes
-// c, c + clusters, ...; in a pair, tile `index` is the pair's and `rank` picks the block's half
-// (a half past the group's rows still loads its share of B and stores nothing).
+//   Args                                   the kernel's argument struct (kernel_args.cuh)
+//   Mainloop, Epilogue                     its parts (mainloop.cuh; epilogue_*.cuh)
+//   Tile problem_tile(args, index, rank)   which tile, .valid false past the last
+//   int k_tiles(args, tile)                its k steps (K_STEPS_FIXED: the same for every tile)
+//   Operands operands(args, tile)          where the stages come from (operand_*.cuh)
+//   Epilogue::Params epilogue(args, tile, thread_idx)
+//                                          what the epilogue needs besides the accumulators;
+//                                          made by the consumers before the mainloop, so
+//                                          loads in it (a tile's gates) hide under it
+//
+// The skeleton composes the parts' shared storage, sets up the pipeline for the mainloop's
+// producers, splits the roles, walks the tiles and orders ping-pong groups. Tiles are numbered
+// 0, 1, ... in schedule order until the first invalid one; cluster c (a block, or a pair along
+// M) takes c, c + clusters, ...; in a pair, tile `index` is the pair's and `rank` picks the
+// block's half (a half past the group's rows still loads its share of B and stores nothing).
 #pragma once
 #include "moeblaze/sm90/config.cuh"
-#include "moeblaze/sm90/epilogue_store.cuh"
-#include "moeblaze/sm90/mainloop_tma.cuh"
+#include "moeblaze/sm90/mainloop.cuh"
 
 namespace moeblaze::sm90 {
 
@@ -24,31 +32,35 @@ struct alignas(1024) KernelStorage {
 };
 
 // Dynamic shared memory a kernel of this config takes (the host reserves the same:
-// generator TileConfig::smem_bytes): the stages, the staging tile, 1 KiB of barriers and 1 KiB
-// to align the base to the swizzle atoms' 1024 bytes.
-template <class Cfg>
+// generator kernel_layer_smem_bytes): the stages, the epilogue's staging, 1 KiB of barriers and
+// 1 KiB to align the base to the swizzle atoms' 1024 bytes.
+template <class Cfg, int STAGING_BYTES>
 constexpr int kernel_smem_bytes() {
-  return Cfg::STAGES * Cfg::STAGE_BYTES + Cfg::D_BYTES + 2048;
+  return Cfg::STAGES * Cfg::STAGE_BYTES + STAGING_BYTES + 2048;
 }
 
-template <class Cfg, class Problem, class Mainloop = TmaMainloop<Cfg>, class Epilogue = TmaStoreEpilogue<Cfg>>
+template <class Cfg, class Problem>
 MB_DEV void gemm_kernel(const typename Problem::Args& args) {
+  using Mainloop = typename Problem::Mainloop;
+  using Epilogue = typename Problem::Epilogue;
   using Storage = KernelStorage<Cfg, Mainloop, Epilogue>;
   using Pipeline = typename Cfg::Pipeline;
   using State = typename Cfg::PipelineState;
-  static_assert(sizeof(Storage) + 1024 <= kernel_smem_bytes<Cfg>(), "shared storage exceeds the host's reservation");
+  static_assert(sizeof(Storage) + 1024 <= kernel_smem_bytes<Cfg, Epilogue::STAGING_BYTES>(),
+                "shared storage exceeds the host's reservation");
 
   extern __shared__ __align__(128) unsigned char kernel_smem[];
   Storage& s = *reinterpret_cast<Storage*>((reinterpret_cast<unsigned long long>(kernel_smem) + 1023) & ~1023ull);
 
   const int warp_group = cutlass::canonical_warp_group_idx();
-  const int warp = cutlass::canonical_warp_idx_sync();
+  if (threadIdx.x == 0) Epilogue::init(s.epilogue);
 
   typename Pipeline::Params pp;
-  pp.transaction_bytes = Cfg::STAGE_BYTES;
+  pp.transaction_bytes = Mainloop::template tma_bytes<decltype(Problem::operands(args, Problem::problem_tile(args, 0, 0)))>();
   pp.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
   pp.is_leader = threadIdx.x == 0;
   pp.num_consumers = Cfg::TILE_THREADS;  // the threads that consume (and release) a stage
+  pp.num_producers = Mainloop::FULL_ARRIVALS;
   Pipeline pipeline(s.pipeline, pp, typename Cfg::ClusterShape{});
   typename Cfg::OrderBarrier::Params op;
   op.group_id = warp_group == 2 ? 1 : 0;
@@ -66,50 +78,70 @@ MB_DEV void gemm_kernel(const typename Problem::Args& args) {
   const int first = blockIdx.x / Cfg::CLUSTER_M, clusters = gridDim.x / Cfg::CLUSTER_M;
 
   if (warp_group == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<Cfg::PRODUCER_REGS>();
-    if (warp == 0 && cute::elect_one_sync()) {
+    cutlass::arch::warpgroup_reg_dealloc<Mainloop::PRODUCER_REGS>();
+    // A gathered operand's producers are the whole warpgroup; TMA alone needs one thread (warp
+    // 0's elected lane: lane 0, the pipeline's leader).
+    const int ptid = threadIdx.x;
+    const bool producer = Mainloop::PRODUCER_THREADS > 1 || (cutlass::canonical_warp_idx_sync() == 0 && cute::elect_one_sync());
+    if (producer) {
       State write = cutlass::make_producer_start_state<Pipeline>();
       for (int index = first;; index += clusters) {
         const auto tile = Problem::problem_tile(args, index, rank);
         if (!tile.valid) break;
-        Mainloop::load(pipeline, write, s.mainloop, Problem::operands(args, tile), rank);
+        Mainloop::load(pipeline, write, s.mainloop, Problem::operands(args, tile), rank, ptid);
       }
       // A pair's block leaves only once both blocks' consumers released every stage: no
       // multicast or remote arrival can reach its shared memory afterwards.
-      if constexpr (Cfg::CLUSTER_M > 1) pipeline.producer_tail(write);
+      if constexpr (Cfg::CLUSTER_M > 1) {
+        if (ptid == 0) pipeline.producer_tail(write);
+      }
     }
     return;
   }
 
-  cutlass::arch::warpgroup_reg_alloc<Cfg::CONSUMER_REGS>();
+  cutlass::arch::warpgroup_reg_alloc<Mainloop::CONSUMER_REGS>();
   State read;  // stage 0, phase 0
   if constexpr (Cfg::PINGPONG) {
     // Group g computes the block's tiles g, g + 2, ...; its stages follow the other group's.
     const int group = warp_group - 1, thread_idx = threadIdx.x % 128;
-    if (group == 1) read.advance(Problem::K_TILES);
-    for (int index = first + group * clusters;; index += 2 * clusters) {
+    auto k_steps_of = [&](int index) {
+      if constexpr (Problem::K_STEPS_FIXED) {
+        return Problem::k_tiles(args, Problem::problem_tile(args, 0, rank));
+      } else {
+        const auto other = Problem::problem_tile(args, index, rank);
+        return other.valid ? Problem::k_tiles(args, other) : 0;
+      }
+    };
+    if (group == 1) read.advance(k_steps_of(first));
+    int iteration = 0;
+    for (int index = first + group * clusters;; index += 2 * clusters, ++iteration) {
       const auto tile = Problem::problem_tile(args, index, rank);
       if (!tile.valid) break;
+      const int k_tiles = Problem::k_tiles(args, tile);
+      const auto epi = Problem::epilogue(args, tile, thread_idx);
       auto acc = Mainloop::make_accumulator();
       order.wait();
-      Mainloop::mma(pipeline, read, s.mainloop, acc, Problem::K_TILES, thread_idx);
+      Mainloop::mma(pipeline, read, s.mainloop, acc, k_tiles, thread_idx);
       order.arrive();  // the other group's mainloop may start
-      Mainloop::finish(pipeline, read, acc);
-      read.advance(Problem::K_TILES);  // past the other group's tile
+      Mainloop::finish(pipeline, read, acc, k_tiles);
+      read.advance(k_steps_of(index + clusters));  // past the other group's tile
       order.wait();
-      Epilogue::store(s.epilogue, acc, thread_idx, group, Problem::output(args, tile));
+      Epilogue::store(s.epilogue, acc, thread_idx, group, epi, iteration);
       order.arrive();  // the staging tile is the other group's
     }
     Epilogue::drain(thread_idx);
   } else {
     const int thread_idx = threadIdx.x - 128;
-    for (int index = first;; index += clusters) {
+    int iteration = 0;
+    for (int index = first;; index += clusters, ++iteration) {
       const auto tile = Problem::problem_tile(args, index, rank);
       if (!tile.valid) break;
+      const int k_tiles = Problem::k_tiles(args, tile);
+      const auto epi = Problem::epilogue(args, tile, thread_idx);
       auto acc = Mainloop::make_accumulator();
-      Mainloop::mma(pipeline, read, s.mainloop, acc, Problem::K_TILES, thread_idx);
-      Mainloop::finish(pipeline, read, acc);
-      Epilogue::store(s.epilogue, acc, thread_idx, 0, Problem::output(args, tile));
+      Mainloop::mma(pipeline, read, s.mainloop, acc, k_tiles, thread_idx);
+      Mainloop::finish(pipeline, read, acc, k_tiles);
+      Epilogue::store(s.epilogue, acc, thread_idx, 0, epi, iteration);
     }
     Epilogue::drain(thread_idx);
   }

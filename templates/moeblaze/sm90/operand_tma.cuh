@@ -2,13 +2,24 @@
 // (config.cuh StageLayout), each one or more boxes of a 2-D tensor map a k step (the maps are
 // encoded by the host, runtime/tma.cpp). load<ROWS, SHARERS>(k, full, stage, rank) issues k step
 // k's boxes into `stage`, completing on `full`; with SHARERS = 2 (a cluster pair's B) the block
-// of `rank` issues its share of the boxes, multicast into both blocks' stage.
+// of `rank` issues its share of the boxes, multicast into both blocks' stage. One thread issues
+// them: a TMA source has no per-thread copy state (thread_copy), unlike a gathered one
+// (operand_gather.cuh).
 #pragma once
 #include "moeblaze/sm90/config.cuh"
 
 namespace moeblaze::sm90 {
 
 constexpr uint64_t kTmaHint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+
+// What a copying thread keeps of a source for a tile: a gathered source's row addresses
+// (operand_gather.cuh), nothing for a TMA source.
+struct NoThreadCopy {};
+template <int ROWS, class Source>
+MB_DEV auto thread_copy(const Source& s, int ptid) {
+  if constexpr (Source::GATHERED) return s.template thread_copy<ROWS>(ptid);
+  else return NoThreadCopy{};
+}
 
 template <int SHARERS>
 MB_DEV void tma_box(const void* map, uint64_t* full, Element* smem, int c0, int c1) {
@@ -22,6 +33,7 @@ MB_DEV void tma_box(const void* map, uint64_t* full, Element* smem, int c0, int 
 // K-major: rows [row, +ROWS) of `map`, k columns [64 k, +64): one [ROWS][64] box (a pair: each
 // block ROWS / 2 rows).
 struct TmaRowsK {
+  static constexpr bool GATHERED = false;
   static constexpr Major MAJOR = Major::k;
   const void* map;
   int row;
@@ -38,6 +50,7 @@ struct TmaRowsK {
 // split), then map[1]'s (gate_up_dgrad's W1_e then W3_e), columns [col0, +ROWS) as 64-column
 // [64][64] boxes (a pair: alternate boxes from each block).
 struct TmaColsMN {
+  static constexpr bool GATHERED = false;
   static constexpr Major MAJOR = Major::mn;
   const void* map[2];
   int row0, split, col0;
@@ -54,16 +67,56 @@ struct TmaColsMN {
   }
 };
 
+// K-major, the stage's rows stacked from two maps: rows [0, ROWS / 2) are map[0]'s rows [row,
+// +ROWS / 2), rows [ROWS / 2, ROWS) map[1]'s (gate_up's W1_e and W3_e rows of one N tile: the
+// accumulator's left half is A = x W1^T, its right half B = x W3^T, each thread holding both
+// halves of its columns). No cluster pairs.
+struct TmaRowsK2 {
+  static constexpr bool GATHERED = false;
+  static constexpr Major MAJOR = Major::k;
+  const void* map[2];
+  int row;
+
+  template <int ROWS, int SHARERS>
+  MB_DEV void load(int k, uint64_t* full, Element* stage, int) const {
+    static_assert(SHARERS == 1, "the stacked source is loaded by one block");
+    tma_box<1>(map[0], full, stage, k * 64, row);
+    tma_box<1>(map[1], full, stage + (ROWS / 2) * 64, k * 64, row);
+  }
+};
+
+// MN-major, k rows along a group of rows of a ragged map (the weight gradients' reduction over an
+// expert's slots: dH, hg): step k's k rows are the map's rows [row0 + 64 k, +64) clipped at
+// row0 + rows (rows past it are zero-filled by the TMA unit, not the next expert's), columns
+// [col0, +ROWS) as [64][64] boxes.
+struct TmaRaggedColsMN {
+  static constexpr bool GATHERED = false;
+  static constexpr Major MAJOR = Major::mn;
+  const void* map;
+  int row0, rows, col0;
+
+  template <int ROWS, int SHARERS>
+  MB_DEV void load(int k, uint64_t* full, Element* stage, int) const {
+    static_assert(SHARERS == 1, "no cluster pairs");
+    const int left = rows - 64 * k;  // the group's rows from this step on
+    CUTE_UNROLL
+    for (int b = 0; b < ROWS / 64; ++b)
+      cute::SM90_TMA_LOAD_3D::copy(map, full, kTmaHint, stage + b * (64 * 64), col0 + b * 64, (1 << 30) - left,
+                                   row0 + 64 * k + left);
+  }
+};
+
 // A tile's operands: k_tiles k steps of A and B.
 template <class ASource, class BSource>
-struct TmaOperands {
-  static constexpr Major ASource_MAJOR = ASource::MAJOR, BSource_MAJOR = BSource::MAJOR;
+struct Operands {
+  static constexpr Major A_MAJOR = ASource::MAJOR, B_MAJOR = BSource::MAJOR;
+  static constexpr bool A_GATHERED = ASource::GATHERED, B_GATHERED = BSource::GATHERED;
   ASource a;
   BSource b;
   int k_tiles;
 };
 template <class ASource, class BSource>
-MB_DEV TmaOperands<ASource, BSource> tma_operands(ASource a, BSource b, int k_tiles) {
+MB_DEV Operands<ASource, BSource> operands(ASource a, BSource b, int k_tiles) {
   return {a, b, k_tiles};
 }
 

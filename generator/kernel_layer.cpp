@@ -1,0 +1,158 @@
+#include "kernel_layer.hpp"
+
+#include <fmt/format.h>
+
+#include "core/errors.hpp"
+
+namespace moeblaze {
+namespace {
+
+const KernelLayerFamily kKernelLayer[] = {
+    {KernelFamily::gate_up, "moeblaze/sm90/gate_up.cuh", "moeblaze::sm90::gate_up", false, false, true},
+    {KernelFamily::down_proj, "moeblaze/sm90/down_proj.cuh", "moeblaze::sm90::down_proj", false, false, false},
+    {KernelFamily::down_dgrad, "moeblaze/sm90/down_dgrad.cuh", "moeblaze::sm90::down_dgrad", false, true, true},
+    {KernelFamily::down_wgrad, "moeblaze/sm90/wgrad.cuh", "moeblaze::sm90::down_wgrad", true, true, true},
+    {KernelFamily::gate_up_wgrad, "moeblaze/sm90/wgrad.cuh", "moeblaze::sm90::gate_up_wgrad", true, true, true},
+    {KernelFamily::gate_up_dgrad, "moeblaze/sm90/gate_up_dgrad.cuh", "moeblaze::sm90::gate_up_dgrad", false, true, false},
+};
+
+const char* b(bool v) { return v ? "true" : "false"; }
+std::string act_literal(Activation a) { return "moeblaze::Activation::" + to_string(a); }
+
+// Output columns a tile covers: gate_up's h columns are its per-part bn; the others bn.
+bool is_wgrad(KernelFamily f) { return f == KernelFamily::down_wgrad || f == KernelFamily::gate_up_wgrad; }
+
+}  // namespace
+
+const KernelLayerFamily* kernel_layer_family(KernelFamily f) {
+  for (const KernelLayerFamily& k : kKernelLayer)
+    if (k.family == f) return &k;
+  return nullptr;
+}
+
+int kernel_layer_accumulator_cols(const KernelSpec& spec) {
+  return spec.family == KernelFamily::gate_up ? stacked_b_tiles(spec.family, spec.layer.activation) * spec.tile.bn
+                                              : spec.tile.bn;
+}
+
+int kernel_layer_staging_bytes(const KernelSpec& spec) {
+  const TileConfig& t = spec.tile;
+  const int tile_bytes = t.bm * kernel_layer_accumulator_cols(spec) * 2;
+  switch (spec.family) {
+    case KernelFamily::gate_up: return tile_bytes + t.bm * t.bn * 2;  // H, and h's [bm][bn]
+    case KernelFamily::down_dgrad: return 3 * tile_bytes + 1024;      // H's A and B (then dA, dB), hg; its barriers
+    default: return tile_bytes;
+  }
+}
+
+int kernel_layer_smem_bytes(const KernelSpec& spec) {
+  const TileConfig& t = spec.tile;
+  return t.stages * (t.bm + kernel_layer_accumulator_cols(spec)) * t.bk * 2 + kernel_layer_staging_bytes(spec) + 2048;
+}
+
+std::string kernel_layer_problem(const KernelSpec& spec, int max_smem_bytes) {
+  const TileConfig& t = spec.tile;
+  const LayerConfig& l = spec.layer;
+  const KernelFamily f = spec.family;
+  const KernelLayerFamily* k = kernel_layer_family(f);
+  if (!k) return fmt::format("the kernel layer (_cute) does not run {}", to_string(f));
+  if (!t.persistent()) return "kernel-layer tiles are persistent: ping-pong (_pingpong) or cooperative (_persist)";
+  if (!t.tma_contiguous || !t.tma_store || t.tma_store_blocks)
+    return "kernel-layer tiles load contiguous operands and store the tile by TMA (_tmacontig_tmastore)";
+  if (t.direct_arrive) return "kernel-layer tiles have no _directarrive (gathered copies always arrive on the full barrier)";
+  if (t.cluster_m != 1 && t.cluster_m != 2) return "kernel-layer clusters are pairs along M (_cluster2x1)";
+  if (t.cluster_m == 2 && k->gathered) return "kernel-layer cluster pairs are for the all-TMA families (down_proj, gate_up_dgrad)";
+  if (t.bk != 64) return "bk must be 64 (one 128-byte swizzle group per row)";
+  if (t.pingpong()) {
+    if (t.warps_m != 4 || t.warps_n != 1) return "ping-pong tiles have 4 x 1 warps (one warpgroup per tile)";
+    if (t.bm != 64 && t.bm != 128) return "ping-pong tiles have bm 64 or 128 (one warpgroup's m64 slabs)";
+  } else {
+    if (t.bm != 128 && t.bm != 256) return "cooperative kernel-layer tiles have bm 128 or 256 (two warpgroups of m64 slabs)";
+    if (t.warps_n != 1 || t.compute_threads() != 256) return "cooperative kernel-layer tiles have two consumer warpgroups";
+  }
+  const int cols = kernel_layer_accumulator_cols(spec);
+  if (t.bn % 64 || cols > 256) return "kernel-layer bn must be 64, 128, 192 or 256 (64-column TMA boxes; gate_up: 2 x 64 or 2 x 128)";
+  const int acc = t.bm * cols / (t.pingpong() ? 128 : 256);
+  if (acc > 192) return fmt::format("{} accumulator registers per thread is too many (at most 192)", acc);
+  // A gathered MN-major stage (the weight gradients) splits its 16-byte chunks over 128 threads.
+  if (is_wgrad(f) && (t.bm == 192 || t.bn == 192)) return "kernel-layer weight-gradient tiles are 64, 128 or 256 wide";
+  if (l.shape.hidden % 8) return "TMA needs rows of a multiple of 8 elements (16 bytes)";
+  switch (f) {
+    case KernelFamily::down_proj:
+      if (l.expert_bias) return "the kernel layer's down_proj does not add expert biases yet";
+      break;
+    case KernelFamily::gate_up:
+      if (l.expert_bias) return "the kernel layer's gate_up does not add expert biases yet";
+      if (!is_gated(l.activation)) return "the kernel layer's gate_up runs gated activations (plain ones spill its epilogue)";
+      break;
+    case KernelFamily::gate_up_dgrad:
+      if (l.shape.ffn % 64) return "kernel-layer gate_up_dgrad tiles need n % 64 == 0 (W1/W3 k stages inside one matrix)";
+      break;
+    case KernelFamily::down_dgrad:
+      if (l.shape.hidden % 64) return "kernel-layer down_dgrad tiles need d % 64 == 0 (W2_e's k stages inside its rows)";
+      // Wide-h layers run down dgrad + down wgrad in hg column chunks of a multiple of 256.
+      if (t.bn == 192) return "192-wide tiles are not for down_dgrad (its column chunks are multiples of 256)";
+      break;
+    case KernelFamily::down_wgrad: break;
+    case KernelFamily::gate_up_wgrad:
+      if (l.shape.ffn % t.bm) return "kernel-layer gate_up_wgrad tiles need n % bm == 0 (a tile's rows in one of dW1, dW3)";
+      break;
+    default: break;
+  }
+  const int smem = kernel_layer_smem_bytes(spec);
+  if (smem > max_smem_bytes) return fmt::format("{} bytes of shared memory exceeds {}", smem, max_smem_bytes);
+  return {};
+}
+
+std::string kernel_layer_template_arguments(const KernelSpec& spec) {
+  const TileConfig& t = spec.tile;
+  const MoeShape& m = spec.layer.shape;
+  const KernelLayerFamily& k = *kernel_layer_family(spec.family);
+  const std::string cfg = fmt::format(
+      "moeblaze::sm90::KernelConfig<{}, {}, {}, moeblaze::sm90::Schedule::{}, {}, moeblaze::sm90::Major::{}, "
+      "moeblaze::sm90::Major::{}>",
+      t.bm, kernel_layer_accumulator_cols(spec), t.stages, t.pingpong() ? "pingpong" : "cooperative", t.cluster_m,
+      k.a_mn_major ? "mn" : "k", k.b_mn_major ? "mn" : "k");
+  const std::string act = act_literal(spec.layer.activation);
+  const int w_rows = spec.layer.w1_rows();
+  switch (spec.family) {
+    case KernelFamily::gate_up:
+    case KernelFamily::gate_up_dgrad:
+      return fmt::format("{}, {}, {}, {}, {}, {}, {}", cfg, m.experts, m.hidden, m.ffn, act, w_rows, b(t.alt_order));
+    case KernelFamily::down_proj:
+    case KernelFamily::down_wgrad: return fmt::format("{}, {}, {}, {}, {}", cfg, m.experts, m.hidden, m.ffn, b(t.alt_order));
+    case KernelFamily::down_dgrad:
+      return fmt::format("{}, {}, {}, {}, {}, {}, {}", cfg, m.experts, m.topk, m.hidden, m.ffn, act, b(t.alt_order));
+    case KernelFamily::gate_up_wgrad:
+      return fmt::format("{}, {}, {}, {}, {}, {}", cfg, m.experts, m.hidden, m.ffn, act, b(t.alt_order));
+    default: break;
+  }
+  throw Error(fmt::format("the kernel layer does not run {}", to_string(spec.family)));
+}
+
+TileConfig kernel_layer_tile(int bm, int bn, int stages, Mainloop schedule, int cluster_m) {
+  TileConfig t = schedule == Mainloop::pingpong ? pingpong_tile(bm, bn, stages) : wgmma_tile(bm, bn, stages, schedule);
+  t.tma_contiguous = t.tma_store = t.cute = true;
+  t.cluster_m = cluster_m;
+  return t;
+}
+
+std::vector<TileConfig> kernel_layer_candidates(KernelFamily f) {
+  const Mainloop pp = Mainloop::pingpong, coop = Mainloop::persistent;
+  switch (f) {
+    // 128 x (2 x 64): W1 and W3 tiles of 64 rows stacked; its staging holds H and h.
+    case KernelFamily::gate_up: return {kernel_layer_tile(128, 64, 5, pp), kernel_layer_tile(128, 64, 5, coop)};
+    // SonicMoE's tile (128 x 128 ping-pong), its pair, and the cooperative 128 x 256.
+    case KernelFamily::down_proj:
+    case KernelFamily::gate_up_dgrad:
+      return {kernel_layer_tile(128, 128, 6, pp), kernel_layer_tile(128, 256, 3, coop), kernel_layer_tile(128, 128, 6, pp, 2)};
+    // Three staging tiles (H's A and B, hg) leave room for four stages at 128 x 128.
+    case KernelFamily::down_dgrad: return {kernel_layer_tile(128, 128, 4, pp), kernel_layer_tile(128, 128, 4, coop)};
+    case KernelFamily::down_wgrad:
+    case KernelFamily::gate_up_wgrad:
+      return {kernel_layer_tile(128, 128, 5, coop), kernel_layer_tile(128, 256, 3, coop), kernel_layer_tile(128, 128, 6, pp)};
+    default: return {};
+  }
+}
+
+}  // namespace moeblaze

@@ -1,0 +1,157 @@
+// Gathered operands: tile rows picked through an index list (a tile's slots in
+// expert_token_indices) from a row-major bf16 tensor, copied 16 bytes at a time by the producer
+// warpgroup's kGatherThreads threads with cp.async into the stage's 128-byte-swizzle layout
+// (the mainloop arrives on the stage's full barrier when they land). Hopper's TMA cannot gather
+// rows (Blackwell's can); QuACK's SM90 gather does the same with four warps.
+#pragma once
+#include "moeblaze/ptx/cp_async.cuh"
+#include "moeblaze/sm90/config.cuh"
+
+namespace moeblaze::sm90 {
+
+constexpr int kGatherThreads = 128;
+
+// Where a copying thread's 16-byte chunks land in a stage (bytes from the stage base; the 128-byte
+// swizzle: chunk c of a 128-byte row r sits at chunk c ^ (r % 8)). Host and device code, so that
+// tests/layout checks them against CuTe's stage layouts.
+// K-major [ROWS][64]: thread ptid's first row ptid / 8, chunk ptid % 8; its i-th row 16 i further.
+MB_HD constexpr uint32_t gather_rows_k_offset(int ptid) {
+  return static_cast<uint32_t>((ptid / 8) * 128 + (((ptid % 8) ^ ((ptid / 8) % 8)) * 16));
+}
+// MN-major [64 k][ROWS] as ROWS / 64 blocks of [64][64]: thread ptid's chunk ptid % (ROWS / 8),
+// k row ptid / (ROWS / 8) + K_GROUPS v.
+template <int ROWS>
+MB_HD constexpr uint32_t gather_cols_mn_offset(int ptid, int v) {
+  constexpr int CHUNKS = ROWS / 8, K_GROUPS = kGatherThreads / CHUNKS;
+  const int chunk = ptid % CHUNKS, kk = ptid / CHUNKS + K_GROUPS * v;
+  return static_cast<uint32_t>((chunk / 8) * (64 * 128) + kk * 128 + (((chunk % 8) ^ (kk % 8)) * 16));
+}
+
+// K-major: tile row r < rows is row idx[r] of `base` (rows ld elements apart), k columns
+// [64 k, +64); rows at or past `rows` and columns at or past `limit` are zero-filled and read
+// nothing. Each thread copies one 16-byte column chunk of ROWS / 16 rows, 16 apart: the
+// 128-byte swizzle repeats every 8 rows of 128 bytes, so the chunk's swizzled position is the
+// same in all of them and each copy lands at a constant offset from the stage base. A thread
+// keeps its rows' indices (32-bit: one IMAD.WIDE a copy makes the address; 64-bit row pointers
+// spilled the producer's 40 registers). A tile's rows that exist are a prefix, so it keeps only
+// how many of its own do: one compare a copy and no address select (QuACK's gather).
+struct GatherRowsK {
+  static constexpr Major MAJOR = Major::k;
+  static constexpr bool GATHERED = true;
+  const Element* base;
+  const int* idx;
+  int rows;
+  int ld;
+  int limit;
+
+  template <int ROWS>
+  struct ThreadCopy {
+    static constexpr int PER = ROWS / 16;
+    int row[PER];    // the thread's rows of `base` (a missing row: 0, never read)
+    int exist;       // how many of them exist
+    uint32_t dst;    // byte offset of its first copy in a stage
+    int col;
+  };
+
+  template <int ROWS>
+  MB_DEV ThreadCopy<ROWS> thread_copy(int ptid) const {
+    static_assert(ROWS % 16 == 0 && ROWS * 8 % kGatherThreads == 0, "16-byte chunks split evenly over the threads");
+    ThreadCopy<ROWS> c;
+    const int r0 = ptid / 8, chunk = ptid % 8;
+    c.col = chunk * 8;
+    c.dst = gather_rows_k_offset(ptid);
+    c.exist = 0;
+    CUTE_UNROLL
+    for (int i = 0; i < ThreadCopy<ROWS>::PER; ++i) {
+      const int r = r0 + 16 * i;
+      const bool ok = r < rows;
+      c.row[i] = ok ? idx[r] : 0;
+      if (ok) c.exist = i + 1;
+    }
+    return c;
+  }
+
+  // k step k's copies into the stage at shared-window address `stage`.
+  template <int ROWS>
+  MB_DEV void copy(ThreadCopy<ROWS>& c, int k, uint32_t stage) const {
+    const int k0 = k * 64;
+    const bool col_ok = k0 + c.col < limit;
+    const Element* at = base + (k0 + c.col);
+    const uint32_t dst = stage + c.dst;
+    CUTE_UNROLL
+    for (int i = 0; i < ThreadCopy<ROWS>::PER; ++i)
+      cp_async16(dst + i * 2048u, at + static_cast<i64>(c.row[i]) * ld, col_ok && i < c.exist);
+  }
+};
+
+// MN-major, gathered along k (the weight gradients' reduction over an expert's slots): k row kk
+// of step k is row idx[64 k + kk] of `base` (a token's row of x or dy) when 64 k + kk < rows, else
+// zeros; its columns [col0, +ROWS) form the stage's MN extent (columns at or past `limit`: zeros).
+// The stage is ROWS / 64 blocks of [64 k][64] in the 128-byte swizzle. Each thread copies one
+// 16-byte column chunk of 64 / K_GROUPS k rows, K_GROUPS apart: with K_GROUPS a multiple of 8 the
+// chunk's swizzled position is the same in all of them; with 4 (256-wide stages) it alternates
+// between two. The rows change every k step: a thread reads its next step's indices right after
+// issuing a step's copies, so their latency hides behind the wait for the next stage.
+struct GatherColsMN {
+  static constexpr Major MAJOR = Major::mn;
+  static constexpr bool GATHERED = true;
+  const Element* base;
+  const int* idx;  // the expert's slots' tokens
+  int rows;        // the expert's slots
+  int ld;
+  int col0, limit;
+
+  template <int ROWS>
+  struct ThreadCopy {
+    static constexpr int CHUNKS = ROWS / 8;                   // 16-byte chunks of a k row
+    static constexpr int K_GROUPS = kGatherThreads / CHUNKS;  // threads per column chunk
+    static constexpr int PER = 64 / K_GROUPS;                 // k rows a thread copies a step
+    static constexpr int VARIANTS = K_GROUPS >= 8 ? 1 : 8 / K_GROUPS;  // swizzled positions
+    int row[PER];  // the next step's rows of `base` (-1: past the expert's slots)
+    int next_k;    // the step row[] belongs to
+    int kg;        // its first k row in a step
+    uint32_t dst[VARIANTS];  // byte offsets of its first copies in a stage
+    const Element* at;       // base + its column
+    bool col_ok;
+  };
+
+  template <int ROWS>
+  MB_DEV void fetch(ThreadCopy<ROWS>& c, int k) const {
+    c.next_k = k;
+    CUTE_UNROLL
+    for (int i = 0; i < ThreadCopy<ROWS>::PER; ++i) {
+      const int r = 64 * k + c.kg + ThreadCopy<ROWS>::K_GROUPS * i;
+      c.row[i] = r < rows ? idx[r] : -1;
+    }
+  }
+
+  template <int ROWS>
+  MB_DEV ThreadCopy<ROWS> thread_copy(int ptid) const {
+    using C = ThreadCopy<ROWS>;
+    static_assert(ROWS % 64 == 0 && kGatherThreads % C::CHUNKS == 0 && 64 % C::K_GROUPS == 0 && 8 % C::VARIANTS == 0,
+                  "whole 64-column blocks, the chunks split evenly over the threads");
+    C c;
+    const int chunk = ptid % C::CHUNKS;
+    c.kg = ptid / C::CHUNKS;
+    // Block chunk / 8, k row kg + K_GROUPS v, its 16-byte column swizzled by the row modulo 8.
+    CUTE_UNROLL
+    for (int v = 0; v < C::VARIANTS; ++v) c.dst[v] = gather_cols_mn_offset<ROWS>(ptid, v);
+    c.col_ok = col0 + chunk * 8 < limit;
+    c.at = base + (col0 + chunk * 8);
+    fetch(c, 0);
+    return c;
+  }
+
+  template <int ROWS>
+  MB_DEV void copy(ThreadCopy<ROWS>& c, int k, uint32_t stage) const {
+    using C = ThreadCopy<ROWS>;
+    if (c.next_k != k) fetch(c, k);  // a tile's first step (fetched at its start) or a skipped one
+    CUTE_UNROLL
+    for (int i = 0; i < C::PER; ++i)
+      cp_async16(stage + c.dst[i % C::VARIANTS] + (i / C::VARIANTS) * (C::K_GROUPS * C::VARIANTS * 128u),
+                 c.at + static_cast<i64>(c.row[i] < 0 ? 0 : c.row[i]) * ld, c.col_ok && c.row[i] >= 0);
+    fetch(c, k + 1);
+  }
+};
+
+}  // namespace moeblaze::sm90
