@@ -94,9 +94,6 @@ std::string kernel_layer_problem(const KernelSpec& spec, int max_smem_bytes) {
       if (t.bn == 192) return "192-wide tiles are not for down_dgrad (its column chunks are multiples of 256)";
       break;
     case KernelFamily::down_wgrad: break;
-    case KernelFamily::gate_up_wgrad:
-      if (l.shape.ffn % t.bm) return "kernel-layer gate_up_wgrad tiles need n % bm == 0 (a tile's rows in one of dW1, dW3)";
-      break;
     default: break;
   }
   const int smem = kernel_layer_smem_bytes(spec);

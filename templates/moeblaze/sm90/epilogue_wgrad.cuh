@@ -12,9 +12,13 @@ namespace moeblaze::sm90 {
 
 template <class Cfg>
 struct WgradEpilogue {
+  // A tile may straddle two matrices stacked along its rows (gate_up_wgrad's dW1 | dW3 where n
+  // is not a multiple of BM): it goes to both maps, each clipping the other's rows (map2's row
+  // coordinate is then negative: the TMA unit writes no out-of-range row).
   struct Params {
-    const void* map;  // bf16 or fp32 (GradOutput::add_f32) output map
-    int expert, row0, col0;
+    const void* map;   // bf16 or fp32 (GradOutput::add_f32) output map
+    const void* map2;  // the second matrix's, or nullptr
+    int expert, row0, row2, col0;
     int grad_output;
   };
   // bf16 [BM][BN] in 64-column boxes, or fp32 [BM][BN / 2] in 32-column boxes (128 bytes a row
@@ -42,10 +46,16 @@ struct WgradEpilogue {
       if (thread_idx == 0) {
         const bool add = p.grad_output == static_cast<int>(GradOutput::add_bf16);
         CUTE_UNROLL
-        for (int b = 0; b < Cfg::BN / 64; ++b) {
-          const Element* box = s.d.data.data() + b * (Cfg::BM * 64);
-          if (add) SM90_TMA_REDUCE_ADD_3D::copy(p.map, box, p.col0 + b * 64, p.row0, p.expert);
-          else SM90_TMA_STORE_3D::copy(p.map, box, p.col0 + b * 64, p.row0, p.expert);
+        for (int part = 0; part < 2; ++part) {
+          const void* map = part ? p.map2 : p.map;
+          const int row = part ? p.row2 : p.row0;
+          if (!map) continue;
+          CUTE_UNROLL
+          for (int b = 0; b < Cfg::BN / 64; ++b) {
+            const Element* box = s.d.data.data() + b * (Cfg::BM * 64);
+            if (add) SM90_TMA_REDUCE_ADD_3D::copy(map, box, p.col0 + b * 64, row, p.expert);
+            else SM90_TMA_STORE_3D::copy(map, box, p.col0 + b * 64, row, p.expert);
+          }
         }
         tma_store_arrive();
         tma_store_wait<0>();
@@ -73,10 +83,14 @@ struct WgradEpilogue {
       cutlass::arch::fence_view_async_shared();
       tile_sync<Cfg>(barrier_id);
       if (thread_idx == 0) {
-        CUTE_UNROLL
-        for (int b = 0; b < Cfg::BN / 64; ++b)
-          SM90_TMA_REDUCE_ADD_3D::copy(p.map, reinterpret_cast<const float*>(s.d.data.data()) + b * (Cfg::BM * 32),
-                                       p.col0 + half * (Cfg::BN / 2) + b * 32, p.row0, p.expert);
+        for (int part = 0; part < 2; ++part) {
+          const void* map = part ? p.map2 : p.map;
+          if (!map) continue;
+          CUTE_UNROLL
+          for (int b = 0; b < Cfg::BN / 64; ++b)
+            SM90_TMA_REDUCE_ADD_3D::copy(map, reinterpret_cast<const float*>(s.d.data.data()) + b * (Cfg::BM * 32),
+                                         p.col0 + half * (Cfg::BN / 2) + b * 32, part ? p.row2 : p.row0, p.expert);
+        }
         tma_store_arrive();
         tma_store_wait<0>();
       }

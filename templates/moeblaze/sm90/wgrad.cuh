@@ -5,7 +5,8 @@
 // (dH, hg: rows past the expert read zeros). Tiles are numbered expert by expert
 // (gemm::wgrad_tile); the epilogue stores or adds (epilogue_wgrad.cuh).
 //   down_wgrad:    dW2_e [d][n] = gather(dy)^T hg       A = dy (gathered), B = hg (TMA)
-//   gate_up_wgrad: [dW1_e; dW3_e] [G n][d] = dH^T gather(x)   A = dH (TMA), B = x (gathered)
+//   gate_up_wgrad: [dW1_e; dW3_e] [G n][d] = dH^T gather(x)   A = dH (TMA), B = x (gathered);
+//                  a tile straddling dW1 and dW3 goes to both (epilogue_wgrad.cuh)
 #pragma once
 #include "moeblaze/activation.cuh"
 #include "moeblaze/gemm/scheduler/tile_schedule.cuh"
@@ -37,21 +38,24 @@ struct DownWgradProblem : WgradSchedule<Cfg, E, D, N, ALT_ORDER> {
     return sm90::operands(dy, TmaRaggedColsMN{&p.tma_b, t.slot0, t.count, t.n0}, (t.count + 63) / 64);
   }
   static MB_DEV typename WgradEpilogue<Cfg>::Params epilogue(const Args& p, const gemm::WgradTile& t, int) {
-    return {&p.tma_out0, t.expert, t.m0, t.n0, p.grad_output};
+    return {&p.tma_out0, nullptr, t.expert, t.m0, 0, t.n0, p.grad_output};
   }
 };
 
 template <class Cfg, int E, int D, int N, Activation ACT, bool ALT_ORDER>
 struct GateUpWgradProblem : WgradSchedule<Cfg, E, gate_parts<ACT>() * N, D, ALT_ORDER> {
   using Args = WgradArgs;
-  static_assert(N % Cfg::BM == 0, "a tile's rows lie in one of dW1, dW3");
   static MB_DEV auto operands(const Args& p, const gemm::WgradTile& t) {
     const GatherColsMN x{static_cast<const Element*>(p.b), p.rv.expert_token_indices + t.slot0, t.count, D, t.n0, D};
     return sm90::operands(TmaRaggedColsMN{&p.tma_a, t.slot0, t.count, t.m0}, x, (t.count + 63) / 64);
   }
+  // Rows [m0, +BM) of [dW1; dW3]: dW1's from m0 (its map clips rows past n), dW3's from m0 - n
+  // (rows before its first are clipped) where the tile reaches them.
   static MB_DEV typename WgradEpilogue<Cfg>::Params epilogue(const Args& p, const gemm::WgradTile& t, int) {
-    const bool up = t.m0 >= N;  // dW3's rows
-    return {up ? &p.tma_out1 : &p.tma_out0, t.expert, t.m0 - (up ? N : 0), t.n0, p.grad_output};
+    constexpr int G = gate_parts<ACT>();
+    const bool in_w1 = t.m0 < N, in_w3 = G == 2 && t.m0 + Cfg::BM > N;
+    return {in_w1 ? &p.tma_out0 : &p.tma_out1, in_w1 && in_w3 ? &p.tma_out1 : nullptr, t.expert,
+            in_w1 ? t.m0 : t.m0 - N, t.m0 - N, t.n0, p.grad_output};
   }
 };
 
