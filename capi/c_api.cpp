@@ -16,7 +16,9 @@
 #include "generator/heuristics.hpp"
 #include "runtime/cache_keys.hpp"
 #include "runtime/kernel_loader.hpp"
+#include "runtime/kernel_build.hpp"
 #include "runtime/moe_layer.hpp"
+#include "runtime/toolchain.hpp"
 #include "tuner/tuner.hpp"
 
 struct mb_layer {
@@ -266,6 +268,35 @@ std::unique_ptr<KernelCache> open_layer_cache(const char* cache_path, std::vecto
   }
 }
 
+// The specs of the layer's families that `families` names ("a,b"; NULL or "" for all).
+std::vector<KernelSpec> chosen_specs(std::vector<KernelSpec> specs, const char* families) {
+  if (!families || !*families) return specs;
+  std::vector<KernelSpec> out;
+  std::string list(families);
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t end = std::min(list.find(',', start), list.size());
+    const std::string name = list.substr(start, end - start);
+    KernelFamily f;
+    try {
+      f = parse_family(name);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument("families", e.reason);
+    }
+    auto it = std::find_if(specs.begin(), specs.end(), [&](const KernelSpec& s) { return s.family == f; });
+    if (it == specs.end()) throw InvalidArgument("families", fmt::format("'{}' is not a kernel family of this layer", name));
+    if (std::none_of(out.begin(), out.end(), [&](const KernelSpec& s) { return s.family == f; })) out.push_back(*it);
+    start = end + 1;
+  }
+  return out;
+}
+
+nlohmann::json part_json(const ToolchainPart& p) {
+  nlohmann::json j{{"paths", p.paths}, {"place", p.place}};
+  if (!p.error.empty()) j["error"] = p.error;
+  return j;
+}
+
 }  // namespace
 
 extern "C" {
@@ -458,6 +489,94 @@ int mb_set_progress_callback(mb_progress_fn fn, void* user) {
                      false);
       else say_progress(p.line(), p.done < p.total);
     });
+  });
+}
+
+int mb_presets(char* buf, size_t size) {
+  return guarded([&] {
+    std::string s;
+    for (const auto& p : presets()) s += p.name + "\n";
+    copy_out(s, buf, size);
+  });
+}
+
+int mb_preset(const char* name, mb_layer_config* config, int64_t* tokens) {
+  return guarded([&] {
+    need(name, "name");
+    need(config, "config");
+    need(tokens, "tokens");
+    const Preset& p = find_preset(name);
+    *config = from_layer(p.layer);
+    *tokens = p.tokens;
+  });
+}
+
+int mb_compile(const mb_layer_config* config, int64_t tokens, const char* families, const char* cache_path,
+               char* buf, size_t size) {
+  return guarded([&] {
+    if (!buf || size == 0) throw InvalidArgument("buf", "needs room for the report");
+    const LayerConfig l = to_layer(config);
+    if (tokens != 0) check_tokens(tokens, l, "tokens");
+    const Arch arch = Arch::sm_90a;
+    const std::vector<KernelSpec> specs = chosen_specs(layer_kernel_specs(l, arch, tokens), families);
+    std::vector<std::string> notices;
+    std::unique_ptr<KernelCache> cache = open_layer_cache(cache_path, notices);
+    BuildCounts counts;
+    const std::vector<KernelBuild> built = build_kernels(specs, BuildOptions{cache.get(), 0, false}, &counts);
+    nlohmann::json j{{"layer", l.describe()},          {"arch", to_string(arch)},
+                     {"tokens", tokens},               {"nvrtc", nvrtc_version()},
+                     {"db", cache ? cache->path() : ""}, {"compiled", counts.compiled},
+                     {"from_cache", counts.from_cache}, {"failed", counts.failed},
+                     {"not_stored", counts.not_stored}, {"compile_ms", counts.compile_ms},
+                     {"notices", notices},             {"kernels", nlohmann::json::array()}};
+    if (!counts.cache_error.empty()) j["cache_error"] = counts.cache_error;
+    std::string first_error;
+    for (size_t i = 0; i < built.size(); ++i) {
+      const KernelSpec& s = specs[i];
+      nlohmann::json k{{"family", to_string(s.family)}, {"tile", is_tiled(s.family) ? s.tile.to_string() : "-"}};
+      if (built[i].kernel) {
+        const BuiltKernel& b = *built[i].kernel;
+        const ResourceReport& r = b.compiled.resources;
+        k.update({{"kernel", b.compiled.kernel_name}, {"registers", r.registers},
+                  {"spill_bytes", r.spill_store_bytes + r.spill_load_bytes}, {"stack", r.stack_bytes},
+                  {"compile_ms", b.compiled.compile_ms}, {"from_cache", b.from_cache}});
+      } else {
+        const std::string error = built[i].error_text();
+        k["error"] = error;
+        if (first_error.empty()) first_error = error;
+      }
+      j["kernels"].push_back(std::move(k));
+    }
+    copy_out(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), buf, size);
+    if (!first_error.empty())
+      throw CompileError("", "", "", {}, fmt::format("{} of {} kernels failed (first: {})", counts.failed,
+                                                     specs.size(), first_error));
+  });
+}
+
+int mb_toolchain(char* buf, size_t size) {
+  return guarded([&] {
+    if (!buf || size == 0) throw InvalidArgument("buf", "needs room for the report");
+    const ToolchainReport r = toolchain_report();
+    const nlohmann::json j{{"nvrtc", part_json(r.nvrtc)},
+                           {"nvrtc_version", r.nvrtc_version},
+                           {"cuda_headers", part_json(r.cuda_headers)},
+                           {"cutlass_headers", part_json(r.cutlass_headers)}};
+    copy_out(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), buf, size);
+  });
+}
+
+int mb_set_package_dirs(const char* const* cuda_roots, int32_t n_roots, const char* cutlass_include) {
+  return guarded([&] {
+    require_in_range(n_roots, 0, 64, "n_roots");
+    if (n_roots > 0) need(cuda_roots, "cuda_roots");
+    PackageDirs d;
+    for (int32_t i = 0; i < n_roots; ++i) {
+      need(cuda_roots[i], "cuda_roots");
+      d.cuda_roots.emplace_back(cuda_roots[i]);
+    }
+    if (cutlass_include) d.cutlass_include = cutlass_include;
+    register_package_dirs(d);
   });
 }
 

@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#define MB_ABI_VERSION 3
+#define MB_ABI_VERSION 4
 
 #if defined(__GNUC__)
 #define MB_API __attribute__((visibility("default")))
@@ -150,6 +150,35 @@ MB_API int mb_tune(const mb_layer_config* config, const int64_t* tokens, int32_t
  * must not call back into the library. NULL turns it off. One callback for the process. */
 typedef void (*mb_progress_fn)(const char* line, int32_t transient, void* user);
 MB_API int mb_set_progress_callback(mb_progress_fn fn, void* user);
+
+/* The model presets (`moeblaze presets`): their names, one a line, the benchmark suite first. */
+MB_API int mb_presets(char* buf, size_t size);
+/* A preset's layer and its token count. An unknown name is MB_ERR_INVALID_ARGUMENT naming
+ * "preset", the message listing the known names. */
+MB_API int mb_preset(const char* name, mb_layer_config* config, int64_t* tokens);
+
+/* Generates and NVRTC-compiles the layer's kernels, as `moeblaze generate` does (no GPU needed):
+ * the default tiles for `tokens` (0: the rule without a token count), for every family of the
+ * layer or only the comma-separated `families` (NULL or "": all; a name that is not one of the
+ * layer's families is MB_ERR_INVALID_ARGUMENT naming "families"). cache_path: NULL = the default
+ * cache, "" = no cache; kernels already in the cache are taken from it and compiled ones stored
+ * (a cache that cannot be used is left out, and the report says why). The report (JSON: layer,
+ * arch, nvrtc, counts, and per kernel its family, name, tile, registers, spill bytes, compile_ms,
+ * from_cache, or its error) is written to buf, also when the call fails because a kernel did not
+ * compile (MB_ERR_COMPILE; mb_last_error() gives the first error). */
+MB_API int mb_compile(const mb_layer_config* config, int64_t tokens, const char* families, const char* cache_path,
+                      char* buf, size_t size);
+
+/* Where the kernels' compiler comes from (runtime/toolchain.hpp): JSON with, for "nvrtc",
+ * "cuda_headers" and "cutlass_headers", the paths found and the place that gave them, or the
+ * error naming every place looked; and "nvrtc_version". Opens NVRTC if it is not yet open. */
+MB_API int mb_toolchain(char* buf, size_t size);
+/* NVIDIA's PyPI packages as the host program found them: n_roots folders holding include/ and
+ * lib/ of nvidia-cuda-nvrtc, -runtime, -cccl and -crt (site-packages/nvidia/cu13), and the
+ * folder of nvidia-cutlass's headers (NULL or "": none). Every later search takes them first
+ * among the packages, after CUDA_HOME and CUDA_PATH. The Python package calls this when it loads
+ * the library; NVRTC, once opened, stays. */
+MB_API int mb_set_package_dirs(const char* const* cuda_roots, int32_t n_roots, const char* cutlass_include);
 
 #ifdef __cplusplus
 }

@@ -39,8 +39,10 @@ function(moeblaze_layer folder)
     else()
       add_library(${target} STATIC ${sources})
     endif()
+    # Installed, every include of a layer's header is spelled "moeblaze/<folder>/<header>"
+    # (cmake/StageHeaders.cmake), so PREFIX/include is the one include folder.
     target_include_directories(${target} PUBLIC
-      $<BUILD_INTERFACE:${root}> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/moeblaze>)
+      $<BUILD_INTERFACE:${root}> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
     target_link_libraries(${target} PUBLIC ${L_DEPENDS})
     # moeblaze::<folder> in this tree and in the installed package alike.
     set_target_properties(${target} PROPERTIES EXPORT_NAME ${folder})

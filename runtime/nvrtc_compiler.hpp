@@ -1,7 +1,7 @@
 // NVRTC: generated instantiation source -> cubin with its ptxas resource report.
-// Needs no GPU. The kernel templates come from the embedded copies of templates/;
-// CUDA's own headers are found at run time (CUDA_HOME, CUDA_PATH, /usr/local/cuda), and so are
-// CUTLASS's for the kernels that include them (find_cutlass_include_dir).
+// Needs no GPU. The kernel templates come from the embedded copies of templates/; NVRTC itself,
+// CUDA's headers and CUTLASS's (for the kernels that include them) are found at run time
+// (toolchain.hpp).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -9,6 +9,7 @@
 
 #include "generator/kernel_source.hpp"
 #include "moeblaze/common.cuh"
+#include "toolchain.hpp"
 
 namespace moeblaze {
 
@@ -39,24 +40,10 @@ struct CompiledKernel {
   double compile_ms = 0;
 };
 
-// The CUDA toolkit include folder that holds cuda_bf16.h; throws Error naming the
-// places it looked and the variables that choose it.
-std::string find_cuda_include_dir();
-
-// The CUTLASS release whose headers (CuTe) the kernel layer (templates/moeblaze/sm90/) is
-// written and cached against: the nvidia-cutlass package's version, pinned in
-// scripts/setup.sh. Part of the binary cache key of every kernel that includes them.
-constexpr const char* kCutlassVersion = "4.2.0";
-// The folder holding CUTLASS's cute/ and cutlass/ headers: $MOEBLAZE_CUTLASS_INCLUDE, else the
-// nvidia-cutlass package's include folder found when the library was built. Throws naming
-// where it looked when neither holds cutlass/version.h, or when the headers found are another
-// release than kCutlassVersion.
-std::string find_cutlass_include_dir();
-
 // Compiles `source` for options.arch. Throws CompileError (log, options, source) on failure.
 CompiledKernel compile_kernel(const KernelSource& source, const CompileOptions& options);
 
-// "major.minor" of the NVRTC library in use.
+// "major.minor" of the NVRTC library in use (opening it first: throws Error when none is found).
 std::string nvrtc_version();
 
 // Parses the ptxas -v lines of an NVRTC log for `kernel_name`.

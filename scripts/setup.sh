@@ -27,7 +27,7 @@ if ! python3 -c "import pytest" >/dev/null 2>&1; then
 fi
 # CUTLASS's C++ headers (CuTe) for the kernel layer: the nvidia-cutlass package (PyPI), headers
 # only (its Python dependencies are not needed). Pinned with the library
-# (runtime/nvrtc_compiler.hpp kCutlassVersion).
+# (runtime/toolchain.hpp kCutlassVersion, pyproject.toml).
 cutlass_version() {
   python3 - <<'PY' 2>/dev/null
 import importlib.util, os, re

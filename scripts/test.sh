@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The test command: set up, build, run every test (CPU tests, CLI tests, the Python package's
 # tests, and the GPU tests, which CTest reports as skipped when no GPU is present), then check
-# that `pip install ./python` builds and imports in a fresh virtual environment.
-# Extra arguments go to ctest, e.g. `scripts/test.sh -L cpu`. MOEBLAZE_SKIP_PIP=1 skips the
-# package build.
+# the Python wheel of the library just built: tag, files and symbols, installed into a fresh
+# virtual environment with its NVIDIA packages and no CUDA toolkit in sight, a preset's kernels
+# compiled from it, the Python tests against it (scripts/wheel.sh --from-build: nothing is
+# compiled twice). Extra arguments go to ctest, e.g. `scripts/test.sh -L cpu`.
+# MOEBLAZE_SKIP_PIP=1 skips the wheel check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -11,9 +13,5 @@ scripts/setup.sh
 # pytest's dots): the whole run takes many minutes.
 ctest --test-dir "${MOEBLAZE_BUILD_DIR:-build}" --output-on-failure -V "$@"
 if [ "${MOEBLAZE_SKIP_PIP:-0}" != 1 ]; then
-  venv=$(mktemp -d)
-  trap 'rm -rf "$venv"' EXIT
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q ./python pytest
-  (cd "$venv" && "$venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests")
+  scripts/wheel.sh --from-build "${MOEBLAZE_BUILD_DIR:-build}"
 fi

@@ -6,10 +6,11 @@ scripts/setup.sh builds into; relative to the checkout, as there), then build/li
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 from pathlib import Path
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 # Codes of capi/c_api.h
 OK, ERR_INVALID_ARGUMENT, ERR_NO_GPU, ERR_CUDA, ERR_COMPILE, ERR_CACHE, ERR_OTHER = range(7)
@@ -148,6 +149,11 @@ def _load():
         "mb_tune": ([P(LayerConfig), P(c.c_int64), c.c_int32, c.c_char_p, c.c_double, c.c_char_p, c.c_size_t],
                     c.c_int),
         "mb_set_progress_callback": ([PROGRESS_FN, c.c_void_p], c.c_int),
+        "mb_presets": ([c.c_char_p, c.c_size_t], c.c_int),
+        "mb_preset": ([c.c_char_p, P(LayerConfig), P(c.c_int64)], c.c_int),
+        "mb_compile": ([P(LayerConfig), c.c_int64, c.c_char_p, c.c_char_p, c.c_char_p, c.c_size_t], c.c_int),
+        "mb_toolchain": ([c.c_char_p, c.c_size_t], c.c_int),
+        "mb_set_package_dirs": ([P(c.c_char_p), c.c_int32, c.c_char_p], c.c_int),
     }
     for name, (args, res) in sig.items():
         fn = getattr(lib, name)
@@ -155,6 +161,8 @@ def _load():
         fn.restype = res
     if lib.mb_abi_version() != ABI_VERSION:
         raise ImportError(f"moeblaze: {path} has C ABI {lib.mb_abi_version()}, this package needs {ABI_VERSION}")
+    from ._toolchain import register_packages
+    register_packages(lib)  # where NVIDIA's packages are, before anything compiles
     return lib, path
 
 
@@ -247,6 +255,43 @@ def plan_memory(cfg: LayerConfig, tokens: int, mode: str = "save-h") -> MemoryPl
     out = MemoryPlan()
     check(lib.mb_plan_memory(ctypes.byref(cfg), int(tokens), MODES[mode], ctypes.byref(out)))
     return out
+
+
+def presets() -> list[str]:
+    """The model presets' names (`moeblaze presets`), the benchmark suite first."""
+    buf = ctypes.create_string_buffer(4096)
+    check(lib.mb_presets(buf, len(buf)))
+    return buf.value.decode().split()
+
+
+def preset(name: str) -> tuple[LayerConfig, int]:
+    """A preset's layer config and its token count; InvalidArgument listing the names if unknown."""
+    cfg, tokens = LayerConfig(), ctypes.c_int64()
+    check(lib.mb_preset(str(name).encode(), ctypes.byref(cfg), ctypes.byref(tokens)))
+    return cfg, tokens.value
+
+
+def compile_kernels(layer, tokens: int = 0, families=None, cache_path: str | None = None) -> dict:
+    """Generates and NVRTC-compiles a layer's kernels, as `moeblaze generate` does; no GPU needed.
+
+    layer: a preset name or a LayerConfig (make_config). tokens: the token count the default
+    tiles are chosen for (0: the rule without one). families: kernel family names to compile
+    (default: every family of the layer). cache_path: None for the default cache, "" for none;
+    kernels in the cache are taken from it, compiled ones stored there. Returns the report: the
+    layer, the NVRTC version, counts, and per kernel its family, name, tile, registers, spill
+    bytes and compile time. Raises MoeblazeError (ERR_COMPILE) when a kernel does not compile."""
+    from ._validate import INT64_MAX, check_int
+    cfg = preset(layer)[0] if isinstance(layer, str) else layer
+    tokens = check_int("tokens", tokens, 0, INT64_MAX)
+    if isinstance(families, str):
+        families = [families]
+    names = ",".join(families).encode() if families else None
+    path = None if cache_path is None else os.fsencode(cache_path)
+    buf = ctypes.create_string_buffer(1 << 20)
+    code = lib.mb_compile(ctypes.byref(cfg), int(tokens), names, path, buf, len(buf))
+    report = buf.value.decode(errors="replace")
+    check(code)
+    return json.loads(report)
 
 
 def token_bucket(tokens: int) -> int:

@@ -2,7 +2,7 @@
  * names its argument. */
 #include <stdio.h>
 
-#include "capi/c_api.h"
+#include "moeblaze/capi/c_api.h"
 
 int main(void) {
   mb_layer_config cfg = {0};

@@ -2,10 +2,10 @@
 // keys `moeblaze plan --json` uses, so run.sh can compare the two.
 #include <cstdio>
 
-#include "core/errors.hpp"
-#include "generator/heuristics.hpp"
-#include "generator/layer_config.hpp"
-#include "runtime/moe_layer.hpp"
+#include "moeblaze/core/errors.hpp"
+#include "moeblaze/generator/heuristics.hpp"
+#include "moeblaze/generator/layer_config.hpp"
+#include "moeblaze/runtime/moe_layer.hpp"
 
 int main(int argc, char** argv) {
   using namespace moeblaze;

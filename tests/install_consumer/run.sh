@@ -12,10 +12,24 @@ prefix=$work/prefix
 
 "$cmake" --install "$build" --prefix "$prefix" > "$work/install.log"
 for f in lib/cmake/moeblaze/moeblazeConfig.cmake lib/cmake/moeblaze/moeblazeConfigVersion.cmake \
-         include/moeblaze/runtime/moe_layer.hpp include/moeblaze/moeblaze/common.cuh include/moeblaze/capi/c_api.h \
+         include/moeblaze/runtime/moe_layer.hpp include/moeblaze/common.cuh include/moeblaze/capi/c_api.h \
          lib/libmoeblaze_runtime.a lib/libmoeblaze_c.so bin/moeblaze; do
   [ -e "$prefix/$f" ] || { echo "not installed: $f"; exit 1; }
 done
+# Only moeblaze/ in include/, only public headers in it (not SQLite's wrappers, the NVRTC table,
+# launch internals or device templates), each include of another layer spelled moeblaze/...
+[ "$(ls "$prefix/include")" = moeblaze ] || { echo "include/ holds more than moeblaze/: $(ls "$prefix/include")"; exit 1; }
+for f in cache/kernel_cache_sqlite.hpp cache/kernel_cache_rows.hpp runtime/nvrtc_library.hpp runtime/layer_buffers.hpp \
+         generator/embedded_templates.hpp expert_gemms.cuh; do
+  [ ! -e "$prefix/include/moeblaze/$f" ] || { echo "internal header installed: $f"; exit 1; }
+done
+if grep -rnE '#include "(core|generator|cache|runtime|testing|tuner|capi)/' "$prefix/include"; then
+  echo "installed headers include another layer's header without moeblaze/"; exit 1
+fi
+# The CMake package names no file of this machine: SQLite and CUDA come from find_dependency.
+if grep -nE '"/|;/|libsqlite3\.a|/usr/|cuda-13' "$prefix"/lib/cmake/moeblaze/moeblazeTargets*.cmake | grep -v _IMPORT_PREFIX; then
+  echo "the installed CMake package names files of the build machine"; exit 1
+fi
 
 "$cmake" -S "$here" -B "$work/build" -DCMAKE_PREFIX_PATH="$prefix" -DCUDAToolkit_ROOT="$cuda_root" \
   -DCMAKE_BUILD_TYPE=Release > "$work/configure.log" || { cat "$work/configure.log"; exit 1; }
