@@ -2,6 +2,8 @@
 
 #include <optional>
 
+#include "kernel_layer.hpp"
+
 namespace moeblaze {
 
 int output_columns(KernelFamily f, const LayerConfig& l) {
@@ -145,8 +147,7 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
     auto kernel_layer_tile = [&]() -> std::optional<TileConfig> {
       const int reduction = family == KernelFamily::down_proj ? layer.shape.ffn : layer.gate_parts() * layer.shape.ffn;
       if (reduction > kKernelLayerReduction || layer.shape.hidden % 128 || !h_within_d(layer)) return std::nullopt;
-      TileConfig t = wgmma_tile(128, 128, 6, Mainloop::pingpong);
-      t.tma_contiguous = t.tma_store = t.cute = true;
+      const TileConfig t = moeblaze::kernel_layer_tile(128, 128, 6, Mainloop::pingpong);
       if (!legal(t)) return std::nullopt;
       return t;
     };

@@ -19,7 +19,6 @@ const KernelLayerFamily kKernelLayer[] = {
 const char* b(bool v) { return v ? "true" : "false"; }
 std::string act_literal(Activation a) { return "moeblaze::Activation::" + to_string(a); }
 
-// Output columns a tile covers: gate_up's h columns are its per-part bn; the others bn.
 bool is_wgrad(KernelFamily f) { return f == KernelFamily::down_wgrad || f == KernelFamily::gate_up_wgrad; }
 
 }  // namespace

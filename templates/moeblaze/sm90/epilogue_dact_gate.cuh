@@ -18,25 +18,13 @@
 
 namespace moeblaze::sm90 {
 
-// The activation's backward at one element: dh' value d, gate g, the saved pre-activations a
-// (and b, gated) -> dA, dB (gated; else 0), hg = g h, and d h for the gate gradient.
+// The element op: the activation's backward (act_bwd_element) with what the gate gradient and
+// the down wgrad take from it: hg = g h and d h.
 template <Activation ACT>
 struct DactGate {
-  static constexpr int G = gate_parts<ACT>();
   MB_DEV void operator()(float d, float g, float a, float b, float& da, float& db, float& hg, float& dh_h) const {
-    float s, ds;
-    act_fwd_grad<ACT>(a, s, ds);
     float h;
-    if constexpr (G == 2) {
-      const float u = act_up<ACT>(b);
-      h = s * u;
-      da = g * d * u * ds;
-      db = g * d * s * act_up_grad<ACT>(b);
-    } else {
-      h = s;
-      da = g * d * ds;
-      db = 0.f;
-    }
+    act_bwd_element<ACT, gate_parts<ACT>()>(a, b, d, g, da, db, h);
     hg = g * h;
     dh_h = d * h;
   }

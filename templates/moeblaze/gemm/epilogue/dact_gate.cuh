@@ -18,25 +18,6 @@
 
 namespace moeblaze::gemm {
 
-// The activation's backward at one element of down_dgrad's epilogue: dh' value d, gate g, the
-// saved pre-activations a (and b, gated) -> dA, dB (gated; else 0) and h = act(a) [* up(b)].
-template <Activation ACT, int G>
-MB_DEV void act_bwd_element(float a, float b, float d, float g, float& da, float& db, float& h) {
-  float s, ds;
-  act_fwd_grad<ACT>(a, s, ds);
-  if constexpr (G == 2) {
-    const float u = act_up<ACT>(b);
-    h = s * u;
-    da = g * d * u * ds;
-    db = g * d * s * act_up_grad<ACT>(b);
-  } else {
-    h = s;
-    da = g * d * ds;
-    db = 0.f;
-  }
-}
-
-
 // Gates of a slot tile's rows into shared memory (one tile's consumers, THREADS >= BM): the
 // epilogue reads them after the mainloop's barrier (__syncthreads, or the consumer barrier
 // ws_consume starts with).
