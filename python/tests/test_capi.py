@@ -177,13 +177,10 @@ def test_tune_checks_its_buffer_and_cache_path_before_tuning(tmp_path, monkeypat
     assert not (tmp_path / "default.db").exists()
 
 
-def test_tune_fails_when_candidates_fail_to_compile_and_still_reports(tmp_path, monkeypatch):
+def test_tune_fails_when_candidates_fail_to_compile_and_still_reports(tmp_path, broken_toolkit, monkeypatch):
     if moeblaze.gpu_available():
         pytest.skip("a GPU is present: the compile-only path is not taken")
-    broken = tmp_path / "cuda" / "include"
-    broken.mkdir(parents=True)
-    (broken / "cuda_bf16.h").write_text("#error this toolkit is broken\n")
-    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    monkeypatch.setenv("CUDA_HOME", str(broken_toolkit))
     cfg = moeblaze.make_config(8, 2, 64, 64)
     tokens = (ctypes.c_int64 * 1)(64)
     buf = ctypes.create_string_buffer(1 << 16)

@@ -69,15 +69,12 @@ def test_progress_counts_are_info_every_few_seconds_and_debug_between(caplog):
     assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 27
 
 
-def test_the_library_reports_tune_progress_to_the_logger(tmp_path, monkeypatch, caplog):
+def test_the_library_reports_tune_progress_to_the_logger(tmp_path, broken_toolkit, monkeypatch, caplog):
     """A real mb_tune: the phases come at INFO, a count per compile (from the compile threads)
     at DEBUG or INFO. A broken toolkit makes every compile fail at once, so it is quick."""
     if moeblaze.gpu_available():
         pytest.skip("a GPU is present: the compile-only path is not taken")
-    broken = tmp_path / "cuda" / "include"
-    broken.mkdir(parents=True)
-    (broken / "cuda_bf16.h").write_text("#error this toolkit is broken\n")
-    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    monkeypatch.setenv("CUDA_HOME", str(broken_toolkit))
     caplog.set_level(logging.DEBUG, logger="moeblaze")
     cfg = moeblaze.make_config(8, 2, 64, 64)
     tokens = (ctypes.c_int64 * 1)(64)

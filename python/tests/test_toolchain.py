@@ -58,18 +58,15 @@ def test_compile_kernels_without_a_cache_and_bad_families():
     assert e.value.argument == "tokens"
 
 
-def test_a_kernel_that_does_not_compile_is_err_compile_with_the_reason(tmp_path):
+def test_a_kernel_that_does_not_compile_is_err_compile_with_the_reason(broken_toolkit):
     # A toolkit whose cuda_bf16.h is broken: the call fails with ERR_COMPILE, the report names it.
-    broken = tmp_path / "cuda"
-    (broken / "include").mkdir(parents=True)
-    (broken / "include" / "cuda_bf16.h").write_text("#error this toolkit is broken\n")
     code = (
         "import json, moeblaze\n"
         "try:\n"
         "    moeblaze.compile_kernels(moeblaze.make_config(8, 2, 128, 128), families='combine', cache_path='')\n"
         "except moeblaze.MoeblazeError as e:\n"
         "    print(json.dumps({'code': e.code, 'message': str(e)}))\n")
-    env = dict(os.environ, CUDA_HOME=str(broken))
+    env = dict(os.environ, CUDA_HOME=str(broken_toolkit))
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)

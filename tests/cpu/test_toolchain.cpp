@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "cpu/temp_dir.hpp"
 #include "core/errors.hpp"
 #include "runtime/nvrtc_compiler.hpp"
 #include "runtime/toolchain.hpp"
@@ -19,14 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("moeblaze_toolchain_test_" + std::to_string(::getpid()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using testing::TempDir;
 
 // Sets (or unsets, with nullopt) an environment variable for one scope.
 class ScopedEnv {

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <set>
 
+#include "cpu/temp_dir.hpp"
 #include "core/errors.hpp"
 #include "core/hash.hpp"
 #include "generator/kernel_layer.hpp"
@@ -32,15 +33,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("moeblaze_tuner_test_" + std::to_string(::getpid()) + "_" +
-                                        std::to_string(reinterpret_cast<uintptr_t>(this)));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using testing::TempDir;
 
 LayerConfig small_layer() {
   LayerConfig l;
