@@ -36,10 +36,9 @@ constexpr int kShortSlotReduction = 48 * 64;
 // k-steps of 64, the longest measured win (deepseek-v3's 32 measured level).
 constexpr int kPingpongSlotReduction = 16 * 64;
 
-// down_proj's and gate_up_dgrad's reduction length (n, G n) up to which the kernel layer's
-// 128x128 ping-pong tile is their default: 64 k-steps of 64, the longest measured win
-// (deepseek-v3's gate_up_dgrad); mixtral-8x7b (224 and 448) and gpt-oss-20b's gate_up_dgrad (90)
-// lost to the 256- and 192-wide tiles, which read each A row for more columns.
+// gate_up_dgrad's reduction length (G n) up to which the kernel layer's cooperative 128x256
+// tile is its default: 64 k-steps of 64 (deepseek-v3's 4096, the longest measured win);
+// mixtral-8x7b's 28672 measured level with the hand-written 128x256 tile, which stays there.
 constexpr int kKernelLayerReduction = 64 * 64;
 
 // The layers the n-dependent tiles below were measured on: h no wider than d, so the forward
@@ -134,20 +133,27 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
     // shapes (ms, the same call): gate_up_wgrad 1.13x-1.16x and down_wgrad 1.04x-1.14x faster,
     // down_dgrad 1.00x-1.06x; gate_up (its gathered rows fetched once a tile) 0.96x-0.99x and
     // 0.83x on deepseek-v3, so gate_up keeps the polling producer.
-    // The kernel layer's (templates/moeblaze/sm90) 128x128 ping-pong tile, TMA loads and the
-    // ragged TMA store, for the two all-TMA per-slot GEMMs: its consumer k-step is 59
-    // instructions around eight wgmmas against 111 in the hand-written kernels. Against the
-    // previous defaults (bench/ab.py, the same call, two alternating rounds, grad-checked; ms):
-    // down_proj deepseek-v3 7.401 -> 6.493, qwen3-30b-a3b 1.465 -> 1.366, olmoe-1b-7b 1.785 ->
-    // 1.654, qwen3-next-80b 1.507 -> 1.371; gate_up_dgrad deepseek-v3 13.198 -> 12.837,
-    // qwen3-30b-a3b 2.656 -> 2.545, qwen3-next-80b 2.730 -> 2.275, olmoe-1b-7b level (3.350 ->
-    // 3.358). Its cluster pair and its cooperative 128x256 ran slower on every shape tried (the
-    // same calls; docs/performance.md). Where d has a partial 128-column tile (gpt-oss-20b's
-    // 2880) or the reduction is long (kKernelLayerReduction) the earlier tiles stay.
+    // The kernel layer (templates/moeblaze/sm90, `_cute`): its consumer k-step is 59-64
+    // instructions around eight wgmmas against 111 in the hand-written kernels. Its cooperative
+    // 128x256 tile (3 stages, TMA loads, the ragged TMA store) against the previous defaults,
+    // bench/ab.py, the same call, two alternating rounds (ms; H100 SXM; docs/performance.md,
+    // "The kernel layer's defaults"):
+    // - down_proj: deepseek-v3 8.045 -> 6.060, qwen3-30b-a3b 1.531 -> 1.363, mixtral-8x7b 5.322
+    //   -> 5.052. Its 128x128 ping-pong tile (the previous default) 8.184 / 1.553 / 7.793, the
+    //   ping-pong pair 8.176 / 1.447 / 8.455.
+    // - gate_up_dgrad: deepseek-v3 17.309 (the 128x128 ping-pong) -> 11.469, qwen3-30b-a3b
+    //   3.216 -> 2.567; mixtral-8x7b 10.424 (hand-written) -> 10.530, level, keeps its tile
+    //   (kKernelLayerReduction).
+    // - down_wgrad: deepseek-v3 8.557 -> 8.070, qwen3-30b-a3b 1.507 -> 1.418, mixtral-8x7b 6.357
+    //   -> 6.174. gate_up_wgrad lost on all three (15.986 -> 16.637, 2.932 -> 3.724, 12.711 ->
+    //   17.799) and keeps its tiles.
+    // Where d is a multiple of 256 (whole column tiles; gpt-oss-20b's 2880 keeps the 192-wide
+    // tiles that fill it).
     auto kernel_layer_tile = [&]() -> std::optional<TileConfig> {
-      const int reduction = family == KernelFamily::down_proj ? layer.shape.ffn : layer.gate_parts() * layer.shape.ffn;
-      if (reduction > kKernelLayerReduction || layer.shape.hidden % 128 || !h_within_d(layer)) return std::nullopt;
-      const TileConfig t = moeblaze::kernel_layer_tile(128, 128, 6, Mainloop::pingpong);
+      if (layer.shape.hidden % 256) return std::nullopt;
+      if (family == KernelFamily::gate_up_dgrad && layer.gate_parts() * layer.shape.ffn > kKernelLayerReduction)
+        return std::nullopt;
+      const TileConfig t = moeblaze::kernel_layer_tile(128, 256, 3, Mainloop::persistent);
       if (!legal(t)) return std::nullopt;
       return t;
     };
@@ -226,6 +232,8 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
         //   register epilogue on both.
         // Where TMA stores are illegal (output rows not a multiple of 8 elements), the 4-stage
         // tile with register stores.
+        if (family == KernelFamily::down_wgrad)
+          if (const auto cute = kernel_layer_tile()) return *cute;
         TileConfig staged = tma(wgmma_tile(128, 256, 3, Mainloop::persistent));
         staged.tma_store = true;
         staged = direct(staged);
@@ -252,6 +260,14 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
         // Where the weights stream (weights_stream: deepseek-v3), M-tile outer (_altorder), so
         // the blocks in flight share an expert's gathered dy rows: 8.696 -> 8.003 ms (bench/ab.py,
         // the same call; the cluster pair there: 8.474).
+        // Where the weights stream, the kernel layer's 128x128 ping-pong tile (its epilogue under
+        // the other warpgroup's mainloop): deepseek-v3 10.610 -> 7.869 ms (bench/ab.py, as the
+        // kernel layer's tiles above); it lost on qwen3-30b-a3b (2.202 -> 2.369) and
+        // mixtral-8x7b (7.291 -> 8.498).
+        if (weights_stream(layer, tokens)) {
+          const TileConfig pp = moeblaze::kernel_layer_tile(128, 128, 4, Mainloop::pingpong);
+          if (legal(pp)) return pp;
+        }
         TileConfig wide = tma(wgmma_tile(128, 256, 4, Mainloop::persistent));
         if (wide.tma_contiguous && layer.shape.hidden >= kLongDgradReduction && layer.activation != Activation::clamped_swiglu) {
           wide = direct(wide);
