@@ -28,8 +28,8 @@ Steps (default: gpu kinds defaults py):
   defaults  grad-check the default tiles: the small wide-h shapes, then every preset of
             MOEBLAZE_DEV_PRESETS in save-h, in recompute, and with skewed caller routing
   tune      `moeblaze tune` each preset of MOEBLAZE_DEV_PRESETS into the cache, then export the
-            cache (unreferenced binaries dropped) to $MOEBLAZE_DEV_OUT/tuned.db
-  import    take the rows of MOEBLAZE_DEV_IMPORT (an earlier tune's tuned.db) into the cache
+            cache (unreferenced binaries dropped) to $MOEBLAZE_DEV_OUT/tuned.db.xz
+  import    take the rows of MOEBLAZE_DEV_IMPORT (an earlier tune's tuned.db or tuned.db.xz) into the cache
   tuned     grad-check the cache's tuned kernels of each preset (after tune or import)
   regress   tune the first preset with --baseline-out, then `moeblaze regress` against that
             baseline (must pass) and with a much slower gate_up tile forced (must fail)
@@ -66,7 +66,7 @@ Environment (all optional):
   MOEBLAZE_DEV_KIND_PRESETS      presets on which kinds also grad-checks every kind (default: none)
   MOEBLAZE_DEV_TUNE_BUDGET       seconds of tuning per preset (default: 75)
   MOEBLAZE_DEV_TUNE_CANDIDATES   candidates per GEMM family (default: 8)
-  MOEBLAZE_DEV_IMPORT            cache file of the import step (default: BUILD/tuned.db)
+  MOEBLAZE_DEV_IMPORT            cache file of the import step, .xz unpacked first (default: BUILD/tuned.db.xz)
   MOEBLAZE_DEV_TILES             the tiles step's checks: "PRESET:FAMILY=TILE ..." (default: none)
   MOEBLAZE_DEV_SUITE_SHAPES      the bench step's shapes, comma-separated (default: qwen3-30b-a3b)
   MOEBLAZE_DEV_SUITE_ROUTING     random, skewed, or both comma-separated (default: random)
@@ -338,7 +338,8 @@ kind_cases() {
     pingpong_cluster) echo "grad skew aligned_chunked" ;;
     pingpong_wide) echo "grad aligned skew aligned_recompute aligned_chunked ragged" ;;
     pingpong_wide_cluster) echo "grad skew aligned_chunked ragged" ;;
-    cute|cute_alt) echo "grad skew_gated aligned aligned_recompute_gated aligned_chunked fp32" ;;  # gated, d % 64 = 0, n % 128 = 0
+    cute) echo "grad skew_gated aligned aligned_recompute_gated aligned_chunked fp32" ;;  # gated, d % 64 = 0, n % 128 = 0
+    cute_alt) echo "skew_gated aligned aligned_recompute_gated aligned_chunked" ;;  # and n % 256 = 0 (its 256-wide down_wgrad)
   esac
 }
 
@@ -370,13 +371,19 @@ tune)
     check "tune_$p" 400 $BIN tune --preset "$p" --budget "${MOEBLAZE_DEV_TUNE_BUDGET:-75}" \
       --candidates "${MOEBLAZE_DEV_TUNE_CANDIDATES:-8}"
   done
-  # The tuned cache comes back as tuned.db (carry it and run the import step to reuse it);
-  # dropping the losers' binaries keeps it small.
+  # The tuned cache comes back as tuned.db.xz (carry it and run the import step to reuse it):
+  # export drops the losers' binaries, xz packs the rest about 16:1 (a kernel-layer cubin is
+  # 1.4-2.3 MB, mostly symbol tables and embedded PTX; the device returns files of 16 MiB).
   if [ -z "$DRY" ]; then
-    $BIN cache gc --max-mb 14 > "$LOG/cache_gc.log" 2>&1
-    $BIN cache export "$OUT/tuned.db" >> "$LOG/cache_gc.log" 2>&1
+    rm -f "$OUT/tuned.db" "$OUT/tuned.db.xz"
+    $BIN cache export "$OUT/tuned.db" > "$LOG/cache_export.log" 2>&1 && xz -T0 -6 "$OUT/tuned.db"
   fi ;;
-import) check cache_import 60 $BIN cache import "${MOEBLAZE_DEV_IMPORT:-$BUILD/tuned.db}" ;;
+import)
+  src=${MOEBLAZE_DEV_IMPORT:-$BUILD/tuned.db.xz}
+  case $src in
+    *.xz) [ -n "$DRY" ] || { xz -dc "$src" > "$OUT/import.db" || echo "gpu_run: cannot unpack $src" >&2; }; src=$OUT/import.db ;;
+  esac
+  check cache_import 60 $BIN cache import "$src" ;;
 tuned) for p in $PRESETS; do check "tuned_grad_$p" 240 $BIN grad-check --preset "$p" --tuned; done ;;
 regress)
   p=${PRESETS%% *}

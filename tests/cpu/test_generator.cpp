@@ -1012,13 +1012,22 @@ TEST_CASE("generator: the kernel layer (_cute) runs the six expert GEMMs on one 
   LayerConfig odd_n = ds;
   odd_n.shape.ffn = 2048 + 32;
   CHECK(why(KernelFamily::gate_up_dgrad, odd_n, pp).find("n % 64") != std::string::npos);
-  CHECK(why(KernelFamily::gate_up_wgrad, odd_n, wg).empty());  // a tile straddling dW1 | dW3 goes to both
+  // The ragged weight-gradient loads take whole tiles only (a tile past the extent faulted).
+  CHECK(why(KernelFamily::gate_up_wgrad, odd_n, wg).find("G n % bm") != std::string::npos);  // 4160 rows
+  LayerConfig straddle = ds;
+  straddle.shape.ffn = 2048 + 64;
+  CHECK(why(KernelFamily::gate_up_wgrad, straddle, wg).empty());  // a tile straddling dW1 | dW3 goes to both
+  LayerConfig narrow = q;
+  narrow.shape.ffn = 128;
+  CHECK(why(KernelFamily::down_wgrad, narrow, cute_tile(wgmma_tile(128, 256, 3, Mainloop::persistent), 1)).find("n % bn") !=
+        std::string::npos);
+  CHECK(why(KernelFamily::down_wgrad, narrow, wg).empty());
   const GeneratedKernel g = generate(spec(KernelFamily::down_proj, ds, pp));
   CHECK(g.source.needs_cutlass);
   CHECK(g.source.text.find("moeblaze/sm90/down_proj.cuh") != std::string::npos);
   // Only kernel-layer kernels include CUTLASS (and key their binaries on its release).
   const LayerConfig mixtral = find_preset("mixtral-8x7b").layer;
-  CHECK_FALSE(generate(spec(KernelFamily::down_proj, mixtral, default_tile(KernelFamily::down_proj, mixtral, Arch::sm_90a)))
+  CHECK_FALSE(generate(spec(KernelFamily::gate_up, mixtral, default_tile(KernelFamily::gate_up, mixtral, Arch::sm_90a)))
                   .source.needs_cutlass);
   CHECK(generate(spec(KernelFamily::down_proj, ds, default_tile(KernelFamily::down_proj, ds, Arch::sm_90a))).source.needs_cutlass);
 
@@ -1033,7 +1042,7 @@ TEST_CASE("generator: the kernel layer (_cute) runs the six expert GEMMs on one 
       spec(KernelFamily::down_proj, ds, coop),
       spec(KernelFamily::down_dgrad, q, dd),
       spec(KernelFamily::down_wgrad, q, wg),
-      spec(KernelFamily::gate_up_wgrad, odd_n, wg),  // n = 2080: tiles straddling dW1 | dW3
+      spec(KernelFamily::gate_up_wgrad, straddle, wg),  // n = 2112: a tile straddling dW1 | dW3
       spec(KernelFamily::gate_up_wgrad, ds, cute_tile(wgmma_tile(128, 256, 3, Mainloop::persistent), 1)),
       spec(KernelFamily::gate_up_dgrad, ds, pp),
       spec(KernelFamily::gate_up_dgrad, ds, cute_tile(wgmma_tile(128, 256, 3, Mainloop::persistent), 2)),
