@@ -72,7 +72,9 @@ Command check_command(const char* name, const char* help, bool backward) {
     if (backward) st->app->add_flag("--accumulate-fp32", st->accumulate, "weight gradients added into fp32 buffers");
     st->app->add_flag("--json", st->json, "machine-readable output");
     st->app->add_flag("--tuned", st->tuned, "use the tuned kernels of the cache (else default tiles)");
-    st->app->add_option("--db", st->db, "cache file for --tuned");
+    st->app->add_option("--db", st->db,
+                        "cache file: with --tuned its tuned kernels, else only its compiled binaries of the default "
+                        "(or --tile) tiles, so a kernel compiled before is not compiled again (new ones are kept)");
     st->app->add_option("--tile", st->tiles, "FAMILY=TILE: run a family with this tile (e.g. gate_up=128x128x64_w8x1_s3_wgmma)");
   };
   c.selected = [st] { return st->app->parsed(); };
@@ -91,11 +93,12 @@ Command check_command(const char* name, const char* help, bool backward) {
     o.accumulate_fp32 = st->accumulate;
     DeviceContext ctx(0);  // throws NoGpu with the reason when there is none
     std::unique_ptr<KernelCache> cache;
-    if (st->tuned) {
+    if (st->tuned || !st->db.empty()) {
       cache = std::make_unique<KernelCache>(st->db.empty() ? KernelCache::default_path() : st->db);
       for (const auto& n : cache->notices()) fmt::print(stderr, "note: {}\n", n);
       o.cache = cache.get();
-      o.policy = measurement_policy(o.layer.router == RouterKind::none ? st->routing : "router");
+      o.tuned = st->tuned;
+      if (st->tuned) o.policy = measurement_policy(o.layer.router == RouterKind::none ? st->routing : "router");
     }
     o.force = parse_tiles(st->tiles, "--tile");
     const LayerCheckResult r = run_layer_check(o);

@@ -135,7 +135,7 @@ std::vector<KernelSpec> choose_tiles(const LayerConfig& layer, Arch arch, const 
                                                   layer.describe(), why));
       s.tile = *forced;
       c.tile_source = TileSource::forced;
-    } else if (cache && is_tiled(s.family)) {
+    } else if (cache && o.tuned && is_tiled(s.family)) {
       const TuningKey key = tuning_key(s.family, layer, bucket, fingerprint, o.policy);
       auto& list = winners[key.family];
       try {

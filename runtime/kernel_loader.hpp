@@ -49,6 +49,10 @@ struct LoadOptions {
   int64_t tokens = 0;
   std::string policy;                          // tuning policy of the exact key
   std::map<KernelFamily, TileConfig> force;    // override the lookup (tests, regress --force)
+  // false: the cache's tuned winners are not looked up (default or forced tiles), but its
+  // compiled binaries are still used and kept (a check of the defaults that compiles nothing
+  // the cache already holds).
+  bool tuned = true;
 };
 
 // "FAMILY=TILE[,FAMILY=TILE ...]" (commas or spaces): tiles to force, as `bench --tile` takes

@@ -68,6 +68,7 @@ MoeLayer load_layer(const LayerCheckOptions& o, const DeviceInfo& device, std::s
   lo.tokens = o.tokens;
   lo.policy = o.policy;
   lo.force = o.force;
+  lo.tuned = o.tuned;
   LoadReport lr;
   MoeLayer layer(std::make_shared<KernelSet>(load_kernels(o.layer, device, o.cache, lo, &lr)));
   kernels = lr.summary();

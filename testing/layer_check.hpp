@@ -34,8 +34,10 @@ struct LayerCheckOptions {
   int sample_experts = 3;   // experts whose weight gradients are compared
   double tolerance = 1e-2;
   bool accumulate_fp32 = false;  // weight gradients into fp32 buffers (added to their contents)
-  // Kernels from this cache (tuned tiles, cached binaries) instead of the default tiles.
+  // Kernels from this cache instead of compiled now: its tuned tiles (tuned) or only its
+  // binaries of the default and forced tiles (!tuned).
   KernelCache* cache = nullptr;
+  bool tuned = true;
   std::string policy;  // tuning policy for the lookup (measurement_policy)
   std::map<KernelFamily, TileConfig> force;  // these families run with these tiles
   // Caller routing only: (slot, id) pairs whose id the GPU gets outside [0, E), with the

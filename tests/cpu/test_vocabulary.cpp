@@ -243,6 +243,16 @@ TEST_CASE("vocabulary: a cache's rows under the older names are read, imported a
     }
   CHECK(found);
   CHECK(report.warnings.empty());
+  // Without tuned lookups (a check of the defaults that takes only the cache's binaries) the
+  // same cache leaves every tile at its default.
+  LoadReport untuned;
+  const std::vector<KernelSpec> defaults =
+      choose_tiles(layer, Arch::sm_90a, device, &c, LoadOptions{4096, policy, {}, false}, untuned);
+  REQUIRE(defaults.size() == specs.size());
+  for (size_t i = 0; i < defaults.size(); ++i) {
+    CHECK(defaults[i].tile == default_tile(defaults[i].family, layer, Arch::sm_90a, 4096));
+    CHECK(untuned.kernels[i].tile_source == TileSource::default_tile);
+  }
 }
 
 TEST_CASE("vocabulary: a regress baseline under the older names compares with today's kernels") {

@@ -37,4 +37,12 @@ if [ -n "$failed" ] || [ "$rc" -ne 0 ]; then
   exit 1
 fi
 [ "$checked" -gt 100 ] || { echo "only $checked commands checked"; cat "$OUT/stdout.txt"; exit 1; }
-echo "$TOOL --dry-run all: $checked checks and benches, every tile legal for its shape; --help complete"
+skipped=$(grep -c 'skipped: ' "$OUT/summary.txt" || true)
+
+# 3. --precompile: the same steps' kernels compiled into a cache file (one cheap kind).
+rm -rf "$OUT/logs" "$OUT/summary.txt"
+MOEBLAZE_DEV_OUT=$OUT MOEBLAZE_DEV_BUILD=$BUILD MOEBLAZE_DEV_KINDS=wgmma $TOOL --precompile "$OUT/pre.db" kinds \
+  > "$OUT/pre.txt" 2>&1 || { echo "$TOOL --precompile failed:"; cat "$OUT/pre.txt"; exit 1; }
+binaries=$("$BUILD/bin/moeblaze" cache show --db "$OUT/pre.db" --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["summary"]["binaries"])')
+[ "$binaries" -gt 10 ] || { echo "--precompile stored $binaries binaries"; cat "$OUT/pre.txt"; exit 1; }
+echo "$TOOL --dry-run all: $checked checks and benches, every tile legal for its shape ($skipped kind presets left out, each with its reason); --precompile stored $binaries binaries; --help complete"
