@@ -186,7 +186,8 @@ TEST_CASE("generator: the silu-family epilogues compute the sigmoid without an I
 
 TEST_CASE("generator: down_dgrad's warp-specialised consumers prefetch the epilogue's H into L2") {
   // H is read once, by the epilogue: a mainloop step hook (PrefetchTileH) brings the tile's lines
-  // into L2 a few k-steps ahead. One-tile `_wgmma` blocks have no such hook (their loads are
+  // into L2 a few k-steps ahead; the kernel layer's down_dgrad (deepseek-v3's default) prefetches
+  // its H boxes by TMA instead. One-tile `_wgmma` blocks have no such hook (their loads are
   // staged after the mainloop), and no other family prefetches.
   for (const Preset& p : presets()) {
     if (!p.in_suite) continue;
@@ -201,8 +202,11 @@ TEST_CASE("generator: down_dgrad's warp-specialised consumers prefetch the epilo
       picked.push_back(one_tile);
       for (const auto& b : compile_all(picked, 0, true)) {  // keep the PTX
         INFO(b.compiled.kernel_name);
-        const bool hooked = b.generated.spec.family == KernelFamily::down_dgrad && b.generated.spec.tile.warp_specialized();
+        const TileConfig& t = b.generated.spec.tile;
+        const bool dgrad = b.generated.spec.family == KernelFamily::down_dgrad;
+        const bool hooked = dgrad && t.warp_specialized() && !t.cute;
         CHECK((b.compiled.ptx.find("prefetch.global.L2 ") != std::string::npos) == hooked);
+        CHECK((b.compiled.ptx.find("cp.async.bulk.prefetch.tensor") != std::string::npos) == (dgrad && t.cute));
         CHECK(!b.compiled.resources.has_spills());
       }
     }
