@@ -257,17 +257,17 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
         // 8 bytes on the persistent tile (ptxas, CUDA 13.0), so it stays on the 128x128 one.
         // With _directarrive (above): mixtral-8x7b 8.276 -> 7.815, deepseek-v3 8.558 -> 8.209,
         // qwen3-30b-a3b level (2.147).
-        // Where the weights stream (weights_stream: deepseek-v3), M-tile outer (_altorder), so
-        // the blocks in flight share an expert's gathered dy rows: 8.696 -> 8.003 ms (bench/ab.py,
-        // the same call; the cluster pair there: 8.474).
-        // Where the weights stream, the kernel layer's 128x128 ping-pong tile (its epilogue under
-        // the other warpgroup's mainloop): deepseek-v3 10.610 -> 7.869 ms (bench/ab.py, as the
-        // kernel layer's tiles above); it lost on qwen3-30b-a3b (2.202 -> 2.369) and
-        // mixtral-8x7b (7.291 -> 8.498).
+        // Where the weights stream (weights_stream: deepseek-v3), the kernel layer's 128x128
+        // ping-pong tile (its epilogue under the other warpgroup's mainloop): deepseek-v3 10.610
+        // (the M-tile-outer tile below) -> 7.869 ms (bench/ab.py, as the kernel layer's tiles
+        // above); it lost on qwen3-30b-a3b (2.202 -> 2.369) and mixtral-8x7b (7.291 -> 8.498).
         if (weights_stream(layer, tokens)) {
           const TileConfig pp = moeblaze::kernel_layer_tile(128, 128, 4, Mainloop::pingpong);
           if (legal(pp)) return pp;
         }
+        // Where the weights stream and the layer cannot take that tile, M-tile outer (_altorder),
+        // so the blocks in flight share an expert's gathered dy rows: 8.696 -> 8.003 ms
+        // (bench/ab.py, the same call; the cluster pair there: 8.474).
         TileConfig wide = tma(wgmma_tile(128, 256, 4, Mainloop::persistent));
         if (wide.tma_contiguous && layer.shape.hidden >= kLongDgradReduction && layer.activation != Activation::clamped_swiglu) {
           wide = direct(wide);

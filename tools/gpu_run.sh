@@ -111,7 +111,11 @@ PRECOMPILE_DB=""
 steps=""
 want_db=""
 for arg in "$@"; do
-  if [ -n "$want_db" ]; then PRECOMPILE_DB=$arg DRY=1 want_db=""; continue; fi
+  if [ -n "$want_db" ]; then
+    case $arg in -*|"") echo "gpu_run: --precompile needs a cache file, not '$arg' (see --help)" >&2; exit 2 ;; esac
+    PRECOMPILE_DB=$arg DRY=1 want_db=""
+    continue
+  fi
   case $arg in
     -h|--help) usage; exit 0 ;;
     --list) echo "$ALL_STEPS"; exit 0 ;;
