@@ -133,7 +133,8 @@ MB_API int mb_layer_backward(const mb_layer* layer, const mb_state* state, const
 MB_API int mb_token_bucket(int64_t tokens, int64_t* bucket);
 
 /* Tunes the layer for the token counts (1..64 of them, each T >= 1 with T*K < 2^31) into the
- * cache (compile-only without a GPU); budget_s: seconds, finite, 0 = the default. cache_path:
+ * cache (compile-only without a GPU); budget_s: seconds of timing (compiling not counted), finite,
+ * 0 = the default. cache_path:
  * NULL = the default cache; "" means no cache, as for mb_layer_create, and is refused
  * (MB_ERR_INVALID_ARGUMENT: tuning stores into a cache). buf and size are checked before
  * anything is compiled. The report (JSON, cut to size - 1 bytes) is written to buf, also when

@@ -63,7 +63,7 @@ Command tune_command() {
     st->shape.add(st->app, false);
     st->app->add_option("--tokens,-T", st->tokens, "token counts to tune for (default: the preset's T); each is bucketed to a power of two");
     st->app->add_option("--db", st->db, "cache file (default: $MOEBLAZE_CACHE or ~/.cache/moeblaze/kernels.db)");
-    st->app->add_option("--budget", st->budget, "seconds of tuning after which remaining families keep the default")->capture_default_str();
+    st->app->add_option("--budget", st->budget, "seconds of timing (after the candidates are compiled) after which the remaining families keep the default")->capture_default_str();
     st->app->add_option("--routing", st->routing, "router | random | balanced | skewed")->capture_default_str();
     st->app->add_option("--samples", st->samples, "timed samples per candidate (>= 10)")->capture_default_str();
     st->app->add_option("--candidates", st->candidates,

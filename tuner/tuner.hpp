@@ -19,7 +19,7 @@ struct TuneOptions {
   LayerConfig layer;
   std::vector<int64_t> tokens;      // one tuning run per entry (its bucket is the key)
   std::string routing = "router";   // router | random | balanced | skewed
-  double budget_s = 300;            // stop measuring new families after this long
+  double budget_s = 300;            // seconds of timing (compiling not counted) after which no new family is measured
   int samples = 10;                 // timed samples per candidate (at least 10)
   double warmup_ms = 200;           // warm-up by time before measuring
   int candidates_per_family = 12;  // plus each T's default tile where this cut leaves it out
