@@ -164,6 +164,19 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
     };
     switch (family) {
       case KernelFamily::gate_up: {
+        // The kernel layer's ping-pong 128 x (2 x 96) tile (QuACK's gate_up tile: the gathered x
+        // rows by the producer warpgroup, W1 | W3 by TMA, H and h leaving by TMA in 32-column
+        // boxes through one staging tile, 4 stages) against the hand-written defaults below,
+        // bench/ab.py, the same call, two alternating rounds (ms; H100 SXM; grad-checked):
+        // qwen3-30b-a3b 3.170 -> 2.590, gpt-oss-20b 4.219 -> 3.459, olmoe-1b-7b 4.582 -> 3.622,
+        // mixtral-8x7b 13.744 -> 12.964 (n % 96 != 0 on the last two: their last column of tiles
+        // is clipped by the TMA stores; mixtral-8x7b's n > d runs the forward in slot chunks).
+        // Its 2 x 64 and 2 x 128 tiles had lost (docs/performance.md). Not where the weights
+        // stream (deepseek-v3 keeps its cluster pair, below; not measured there).
+        if (!weights_stream(layer, tokens)) {
+          const TileConfig t = moeblaze::kernel_layer_tile(128, 96, 4, Mainloop::pingpong);
+          if (legal(t)) return t;
+        }
         // QuACK's gate_up (SonicMoE's kernel on qwen3-30b-a3b and gpt-oss-20b): a ping-pong
         // warpgroup owns a 128 x (2 x 96) tile, its epilogue under the other's mainloop, and the
         // gathered x rows arrive on the full barrier directly (_directarrive). Nsight Compute on

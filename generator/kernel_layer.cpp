@@ -38,7 +38,7 @@ int kernel_layer_staging_bytes(const KernelSpec& spec) {
   const TileConfig& t = spec.tile;
   const int tile_bytes = t.bm * kernel_layer_accumulator_cols(spec) * 2;
   switch (spec.family) {
-    case KernelFamily::gate_up: return tile_bytes + t.bm * t.bn * 2;  // H, and h's [bm][bn]
+    case KernelFamily::gate_up: return tile_bytes;                    // H, then h, in one tile
     case KernelFamily::down_dgrad: return 3 * tile_bytes + 1024;      // H's A and B (then dA, dB), hg; its barriers
     default: return tile_bytes;
   }
@@ -70,7 +70,10 @@ std::string kernel_layer_problem(const KernelSpec& spec, int max_smem_bytes) {
     if (t.warps_n != 1 || t.compute_threads() != 256) return "cooperative kernel-layer tiles have two consumer warpgroups";
   }
   const int cols = kernel_layer_accumulator_cols(spec);
-  if (t.bn % 64 || cols > 256) return "kernel-layer bn must be 64, 128, 192 or 256 (64-column TMA boxes; gate_up: 2 x 64 or 2 x 128)";
+  // gate_up's H parts and h leave in 32-column boxes where bn is an odd multiple of 32 (2 x 96).
+  if (f == KernelFamily::gate_up ? t.bn % 32 || cols % 64 : t.bn % 64)
+    return "kernel-layer bn must be 64, 128, 192 or 256 (64-column TMA boxes; gate_up: 2 x 32, 2 x 64, 2 x 96 or 2 x 128)";
+  if (cols > 256) return fmt::format("{} accumulator columns is too many for one wgmma (at most 256)", cols);
   const int acc = t.bm * cols / (t.pingpong() ? 128 : 256);
   if (acc > 192) return fmt::format("{} accumulator registers per thread is too many (at most 192)", acc);
   // A gathered MN-major stage (the weight gradients) splits its 16-byte chunks over 128 threads.

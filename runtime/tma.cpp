@@ -27,13 +27,14 @@ template <int RANK>
 TmaMap encode_tiled(CUdeviceptr base, const uint64_t (&dims)[RANK], const uint64_t (&strides)[RANK - 1],
                     const uint32_t (&box)[RANK], const uint32_t (&element_strides)[RANK],
                     CUtensorMapL2promotion promotion, const char* name,
-                    CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16) {
+                    CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                    CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   static_assert(sizeof(TmaMap) == sizeof(CUtensorMap) && alignof(TmaMap) >= alignof(CUtensorMap),
                 "TmaMap must hold a CUtensorMap");
   CUtensorMap map;
   const CUresult r = cuda_driver().cuTensorMapEncodeTiled(
       &map, type, RANK, reinterpret_cast<void*>(base), dims, strides, box,
-      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promotion,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   check_cuda(r, fmt::format("cuTensorMapEncodeTiled({})", name).c_str());
   TmaMap out;
@@ -91,8 +92,10 @@ TmaMap encode_output_map(CUdeviceptr base, int64_t experts, int64_t rows, int64_
 }
 
 RaggedMapParams ragged_rows_map_params(CUdeviceptr base, int64_t rows, int64_t cols, int64_t ld, int box_rows,
-                                       const char* name) {
+                                       const char* name, int box_cols) {
   check_tma_view(base, rows, cols, ld, box_rows, name);
+  if (box_cols != 64 && box_cols != 32)
+    throw InvalidArgument("tile", fmt::format("a ragged TMA box of {} columns (64 or 32)", box_cols));
   constexpr uint64_t kBase = uint64_t{1} << 30, kLimit = (uint64_t{1} << 31) - 1;
   if (static_cast<uint64_t>(rows) > kLimit - kBase)
     throw InvalidArgument(name, fmt::format("{} rows are too many for a ragged TMA view (at most 2^30 - 1)", rows));
@@ -103,15 +106,18 @@ RaggedMapParams ragged_rows_map_params(CUdeviceptr base, int64_t rows, int64_t c
   p.dims[1] = kBase;
   p.dims[2] = kLimit;
   p.strides[0] = p.strides[1] = row_bytes;
-  p.box[0] = 64;  // 128 bytes: the swizzle span
+  p.box[0] = static_cast<uint32_t>(box_cols);  // the swizzle span: 128 or 64 bytes
   p.box[1] = static_cast<uint32_t>(box_rows);
   p.box[2] = 1;
   return p;
 }
 
-TmaMap encode_ragged_rows_map(CUdeviceptr base, int64_t rows, int64_t cols, int64_t ld, int box_rows, const char* name) {
-  const RaggedMapParams p = ragged_rows_map_params(base, rows, cols, ld, box_rows, name);
-  return encode_tiled<3>(p.base, p.dims, p.strides, p.box, p.element_strides, CU_TENSOR_MAP_L2_PROMOTION_NONE, name);
+TmaMap encode_ragged_rows_map(CUdeviceptr base, int64_t rows, int64_t cols, int64_t ld, int box_rows, const char* name,
+                              int box_cols) {
+  const RaggedMapParams p = ragged_rows_map_params(base, rows, cols, ld, box_rows, name, box_cols);
+  return encode_tiled<3>(p.base, p.dims, p.strides, p.box, p.element_strides, CU_TENSOR_MAP_L2_PROMOTION_NONE, name,
+                         CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                         box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
 }
 
 int64_t w1_map_rows(const LayerConfig& l) { return int64_t{l.shape.experts} * l.w1_rows(); }
@@ -184,12 +190,13 @@ void attach_hg_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t col
 void attach_kernel_layer_maps(GateUpArgs& up, const TileConfig& t, const LayerConfig& l, int64_t slots, int64_t h_rows) {
   if (!t.cute) return;
   const int64_t n = l.shape.ffn, G = l.gate_parts();
+  const int box = t.bn % 64 ? 32 : 64;  // sm90/epilogue_gate_up.cuh: H's parts and h in bn-wide boxes' halves
   if (up.H) {
     const CUdeviceptr H = reinterpret_cast<CUdeviceptr>(up.H);
-    up.tma_H_gate = encode_ragged_rows_map(H, slots, n, G * n, t.bm, "H");
-    if (G == 2) up.tma_H_up = encode_ragged_rows_map(H + n * 2, slots, n, G * n, t.bm, "H");
+    up.tma_H_gate = encode_ragged_rows_map(H, slots, n, G * n, t.bm, "H", box);
+    if (G == 2) up.tma_H_up = encode_ragged_rows_map(H + n * 2, slots, n, G * n, t.bm, "H", box);
   }
-  if (up.h) up.tma_h_out = encode_ragged_rows_map(reinterpret_cast<CUdeviceptr>(up.h), h_rows, n, n, t.bm, "h");
+  if (up.h) up.tma_h_out = encode_ragged_rows_map(reinterpret_cast<CUdeviceptr>(up.h), h_rows, n, n, t.bm, "h", box);
 }
 void attach_kernel_layer_maps(DownDgradArgs& dd, const TileConfig& t, const LayerConfig& l, int64_t slots) {
   if (!t.cute) return;

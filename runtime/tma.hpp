@@ -61,12 +61,14 @@ struct RaggedMapParams {
   CUdeviceptr base;     // the output's address minus 2^30 rows
   uint64_t dims[3];
   uint64_t strides[2];  // bytes: one row, one row
-  uint32_t box[3];      // {64 bf16, box_rows, 1}
+  uint32_t box[3];      // {box_cols bf16, box_rows, 1}
   uint32_t element_strides[3] = {1, 1, 1};
 };
+// box_cols: 64 (128-byte swizzle) or 32 (64-byte swizzle: sm90/staging.cuh's 32-column boxes).
 RaggedMapParams ragged_rows_map_params(CUdeviceptr base, int64_t rows, int64_t cols, int64_t ld, int box_rows,
-                                       const char* name);
-TmaMap encode_ragged_rows_map(CUdeviceptr base, int64_t rows, int64_t cols, int64_t ld, int box_rows, const char* name);
+                                       const char* name, int box_cols = 64);
+TmaMap encode_ragged_rows_map(CUdeviceptr base, int64_t rows, int64_t cols, int64_t ld, int box_rows, const char* name,
+                              int box_cols = 64);
 
 // Rows of the box of a K-major weight map read by a [bn x parts]-row stage (gemm::TmaStageLoader):
 // bn, or in a cluster pair whose stage has one part (down_proj's W2, a plain activation's W1)

@@ -990,7 +990,15 @@ TEST_CASE("generator: the kernel layer (_cute) runs the six expert GEMMs on one 
   CHECK(kernel_layer_smem_bytes(spec(KernelFamily::down_proj, ds, pp)) == 6 * 32 * 1024 + 32 * 1024 + 2048);
   const TileConfig gu = cute_tile(pingpong_tile(128, 64, 5), 1);  // 128 x (2 x 64): W1 | W3 stacked
   CHECK(kernel_layer_accumulator_cols(spec(KernelFamily::gate_up, q, gu)) == 128);
-  CHECK(kernel_layer_smem_bytes(spec(KernelFamily::gate_up, q, gu)) == 5 * 32 * 1024 + (32 + 16) * 1024 + 2048);
+  // gate_up: H, then h, in one staging tile of the accumulator's size.
+  CHECK(kernel_layer_smem_bytes(spec(KernelFamily::gate_up, q, gu)) == 5 * 32 * 1024 + 32 * 1024 + 2048);
+  // QuACK's gate_up tile, 128 x (2 x 96): 32-column boxes for H's parts and h, four stages.
+  const TileConfig gu96 = cute_tile(pingpong_tile(128, 96, 4), 1);
+  CHECK(kernel_layer_accumulator_cols(spec(KernelFamily::gate_up, q, gu96)) == 192);
+  CHECK(kernel_layer_smem_bytes(spec(KernelFamily::gate_up, q, gu96)) == 4 * 40 * 1024 + 48 * 1024 + 2048);
+  CHECK(legality_problem(spec(KernelFamily::gate_up, q, gu96)).empty());
+  CHECK(legality_problem(spec(KernelFamily::down_proj, q, cute_tile(pingpong_tile(128, 96, 4), 1))).find("bn must be") !=
+        std::string::npos);
   const TileConfig dd = cute_tile(pingpong_tile(128, 128, 4), 1);  // H's A and B, hg: three staging tiles
   CHECK(kernel_layer_smem_bytes(spec(KernelFamily::down_dgrad, q, dd)) == 4 * 32 * 1024 + 3 * 32 * 1024 + 1024 + 2048);
   const TileConfig wg = cute_tile(wgmma_tile(128, 128, 5, Mainloop::persistent), 1);
@@ -1040,6 +1048,7 @@ TEST_CASE("generator: the kernel layer (_cute) runs the six expert GEMMs on one 
   const TileConfig coop = cute_tile(wgmma_tile(128, 256, 3, Mainloop::persistent), 1);
   std::vector<KernelSpec> specs = {
       spec(KernelFamily::gate_up, q, gu),
+      spec(KernelFamily::gate_up, q, gu96),
       spec(KernelFamily::gate_up, ds, cute_tile(wgmma_tile(128, 64, 5, Mainloop::persistent), 1)),  // cooperative 128 x (2 x 64)
       spec(KernelFamily::down_proj, ds, pp),
       spec(KernelFamily::down_proj, ds, cute_tile(pingpong_tile(128, 128, 6), 2)),

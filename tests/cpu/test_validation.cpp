@@ -288,6 +288,9 @@ TEST_CASE("validation: ragged row maps clip a box at the group's last row by the
   expect_invalid([] { ragged_rows_map_params(kFakeBase + 2, 64, 64, 64, 128, "o"); }, "o");   // 16-byte alignment
   expect_invalid([] { ragged_rows_map_params(kFakeBase, 64, 64, 68, 128, "o"); }, "o");       // row bytes % 16
   expect_invalid([] { ragged_rows_map_params(kFakeBase, int64_t{1} << 30, 64, 64, 128, "o"); }, "o");  // rows < 2^30
+  // gate_up's 2 x 96 tiles store H's parts and h in 32-column boxes (64-byte swizzle).
+  CHECK(ragged_rows_map_params(kFakeBase, 4096, 768, 1536, 128, "H", 32).box[0] == 32);
+  expect_invalid([] { ragged_rows_map_params(kFakeBase, 4096, 768, 1536, 128, "H", 48); }, "tile");
 }
 
 TEST_CASE("validation: wide-h layers run the forward in slot chunks and the down backward in column chunks") {
