@@ -195,6 +195,10 @@ const TileKind kPingpongTmaStore = pingpong_kind("pingpong-tmastore", "weight gr
                                                128, 128, 4, true, 1);
 const TileKind kClusterPair = from_defaults("cluster-pair", "slot-tiled GEMMs: the persistent TMA default as a cluster pair",
                                             Arch::sm_90a, [](KernelFamily f, const LayerConfig&, TileConfig& t) {
+                                              // gate_up's default is the kernel layer's (no pairs for
+                                              // its gathered families): pair its hand-written tile.
+                                              if (t.cute && f == KernelFamily::gate_up)
+                                                t = wgmma_tile(128, 128, 4, Mainloop::persistent);
                                               if (!supports_persistent(f) || !t.warp_specialized()) return false;
                                               t.tma_contiguous = true;
                                               if (t.mainloop == Mainloop::warp_specialized) t.mainloop = Mainloop::persistent;
