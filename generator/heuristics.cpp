@@ -147,13 +147,23 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
     // - down_wgrad: deepseek-v3 8.557 -> 8.070, qwen3-30b-a3b 1.507 -> 1.418, mixtral-8x7b 6.357
     //   -> 6.174. gate_up_wgrad lost on all three (15.986 -> 16.637, 2.932 -> 3.724, 12.711 ->
     //   17.799) and keeps its tiles.
-    // Where d is a multiple of 256 (whole column tiles; gpt-oss-20b's 2880 keeps the 192-wide
-    // tiles that fill it).
+    // Where d is a multiple of 256 (whole column tiles).
+    // Where 192 fills d and 256 does not (gpt-oss-20b's 2880 = 15 x 192), the layer's 192-wide
+    // tiles against the hand-written ones (bench/ab.py, the same call, two rounds; H100 SXM;
+    // grad-checked at T = 4096): gate_up_dgrad's cooperative 128x192 3.453 -> 3.088 ms (its long
+    // reduction, G n = 5760, included), down_proj's ping-pong 128x192 1.638 -> 1.570 (cooperative
+    // 1.596); step 17.76 -> 17.41. The weight gradients have no 192-wide layer tiles.
     auto kernel_layer_tile = [&]() -> std::optional<TileConfig> {
-      if (layer.shape.hidden % 256) return std::nullopt;
-      if (family == KernelFamily::gate_up_dgrad && layer.gate_parts() * layer.shape.ffn > kKernelLayerReduction)
+      TileConfig t;
+      if (layer.shape.hidden % 256 == 0) {
+        if (family == KernelFamily::gate_up_dgrad && layer.gate_parts() * layer.shape.ffn > kKernelLayerReduction)
+          return std::nullopt;
+        t = moeblaze::kernel_layer_tile(128, 256, 3, Mainloop::persistent);
+      } else if (layer.shape.hidden % 192 == 0 && family != KernelFamily::down_wgrad) {
+        t = moeblaze::kernel_layer_tile(128, 192, 4, family == KernelFamily::down_proj ? Mainloop::pingpong : Mainloop::persistent);
+      } else {
         return std::nullopt;
-      const TileConfig t = moeblaze::kernel_layer_tile(128, 256, 3, Mainloop::persistent);
+      }
       if (!legal(t)) return std::nullopt;
       return t;
     };

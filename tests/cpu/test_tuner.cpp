@@ -498,16 +498,17 @@ TEST_CASE("tuner: the TMA-store families default to the kernel layer or _tmastor
     for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::gate_up_dgrad}) {
       INFO(p << " " << to_string(f));
       // The kernel layer's cooperative 128x256 tile where d fills 256-column tiles (gate_up_dgrad:
-      // and its reduction G n is at most 64 k-steps, not mixtral-8x7b's 28672); else down_proj's
-      // 128x192 ping-pong tile where 192 fills d (gpt-oss-20b's 2880), and the hand-written
-      // cooperative 128x256.
+      // and its reduction G n is at most 64 k-steps, not mixtral-8x7b's 28672); where 192 fills d
+      // and 256 does not (gpt-oss-20b's 2880), the layer's 128x192 tiles (down_proj ping-pong,
+      // gate_up_dgrad cooperative); else the hand-written cooperative 128x256.
       const std::string name = p;
-      const bool cute = name != "gpt-oss-20b" && (f == KernelFamily::down_proj || name != "mixtral-8x7b");
-      const bool pingpong = f == KernelFamily::down_proj && name == "gpt-oss-20b";
+      const bool fills_192 = name == "gpt-oss-20b";
+      const bool cute = !fills_192 && (f == KernelFamily::down_proj || name != "mixtral-8x7b");
       CHECK(default_tile(f, l, Arch::sm_90a).to_string() ==
-            (cute       ? "128x256x64_w8x1_s3_persist_tmacontig_tmastore_cute"
-             : pingpong ? "128x192x64_w4x1_s4_pingpong_tmacontig_tmastore64"
-                        : "128x256x64_w8x1_s4_persist_tmacontig_tmastore64"));
+            (cute        ? "128x256x64_w8x1_s3_persist_tmacontig_tmastore_cute"
+             : fills_192 ? (f == KernelFamily::down_proj ? "128x192x64_w4x1_s4_pingpong_tmacontig_tmastore_cute"
+                                                         : "128x192x64_w8x1_s4_persist_tmacontig_tmastore_cute")
+                         : "128x256x64_w8x1_s4_persist_tmacontig_tmastore64"));
       std::set<std::string> names;
       for (const auto& t : tile_candidates(f, l, Arch::sm_90a, 8)) names.insert(t.to_string());
       CHECK(names.count("128x256x64_w8x1_s4_persist_tmacontig_tmastore64") == 1);
