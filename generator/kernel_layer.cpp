@@ -94,19 +94,14 @@ std::string kernel_layer_problem(const KernelSpec& spec, int max_smem_bytes) {
       if (l.shape.hidden % 64) return "kernel-layer down_dgrad tiles need d % 64 == 0 (W2_e's k stages inside its rows)";
       // Wide-h layers run down dgrad + down wgrad in hg column chunks of a multiple of 256.
       if (t.bn == 192) return "192-wide tiles are not for down_dgrad (its column chunks are multiples of 256)";
-      // gpt-oss-20b's n = 2880 under the 128-wide ping-pong tile (a last column tile of 64)
-      // faulted on an H100 (CUDA_ERROR_ILLEGAL_ADDRESS, in the bench and in a T = 512
-      // grad-check); whole column tiles pass (deepseek-v3, the small kinds). Refused until the
-      // access is found.
-      if (l.shape.ffn % t.bn)
-        return fmt::format("kernel-layer down_dgrad tiles need n % bn == 0 (n = {}, bn = {}): a column tile past n faulted",
-                           l.shape.ffn, t.bn);
       break;
     // The ragged TMA source of the weight gradients (sm90/operand_tma.cuh TmaRaggedColsMN) loads
     // a stage's MN extent as 64-column boxes; a tile reaching past the extent (hg's n columns
     // for down_wgrad, dH's G n for gate_up_wgrad) made those loads fault on an H100
     // (compute-sanitizer: illegal address in the TMA load, n = 128 under a 256-wide down_wgrad
-    // tile). Until that is found and fixed, such tiles are not run.
+    // tile). The same fault in down_dgrad's H loads came from boxes that start past the map's
+    // last column (sm90/staging.cuh, live_boxes); the mainloop's stages expect a fixed byte
+    // count, so such tiles are refused here rather than loaded box by box.
     case KernelFamily::down_wgrad:
       if (l.shape.ffn % t.bn)
         return fmt::format("kernel-layer down_wgrad tiles need n % bn == 0 (n = {}, bn = {}): a column tile past n faults in the ragged hg loads",

@@ -395,13 +395,16 @@ TEST_CASE("tuner: the runtime's hash is standard FNV-1a 64 and agrees with the c
 
 TEST_CASE("tuner: 192-column tiles where the output is a multiple of 192 but not of 256") {
   const LayerConfig gpt = find_preset("gpt-oss-20b").layer;  // d = n = 2880
-  // The all-TMA GEMMs default to _tmastore64 tiles: gate_up_dgrad 256 wide (measured faster on
-  // the H200 than its earlier 192-wide default), down_proj the 128x192 ping-pong tile. The
-  // earlier 192-wide defaults stay candidates, as does a 192-wide gate_up_wgrad.
+  // The all-TMA GEMMs default to the kernel layer's 192-wide tiles (down_proj ping-pong,
+  // gate_up_dgrad cooperative). The earlier hand-written 192-wide defaults stay candidates, as
+  // does a 192-wide gate_up_wgrad.
   for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::gate_up_dgrad}) {
     INFO(to_string(f));
     CHECK(fits_192_better(f, gpt));
-    CHECK(default_tile(f, gpt, Arch::sm_90a).bn == (f == KernelFamily::down_proj ? 192 : 256));
+    const TileConfig def = default_tile(f, gpt, Arch::sm_90a);
+    CHECK(def.bn == 192);
+    CHECK(def.cute);
+    CHECK(def.pingpong() == (f == KernelFamily::down_proj));
     const auto c = tile_candidates(f, gpt, Arch::sm_90a, 12);
     const int narrow = static_cast<int>(std::count_if(
         c.begin(), c.end(), [](const TileConfig& t) { return t.bn == 192 && !t.pingpong(); }));
@@ -536,7 +539,9 @@ TEST_CASE("tuner: the TMA-store families default to the kernel layer or _tmastor
   LayerConfig biased = find_preset("gpt-oss-20b").layer;
   biased.expert_bias = true;
   CHECK_FALSE(default_tile(KernelFamily::down_proj, biased, Arch::sm_90a).tma_store);
-  CHECK(default_tile(KernelFamily::gate_up_dgrad, biased, Arch::sm_90a).tma_store_blocks);
+  // (gate_up_dgrad takes no bias: the kernel layer's tile, as without biases)
+  CHECK(default_tile(KernelFamily::gate_up_dgrad, biased, Arch::sm_90a) ==
+        default_tile(KernelFamily::gate_up_dgrad, find_preset("gpt-oss-20b").layer, Arch::sm_90a));
   LayerConfig odd = find_preset("qwen3-30b-a3b").layer;
   odd.shape.hidden = 2052;  // d % 8 = 4: dW1 / dW3 rows of 2052 elements
   for (int64_t T : {int64_t{0}, int64_t{4096}, int64_t{65536}}) {

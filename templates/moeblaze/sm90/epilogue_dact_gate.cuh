@@ -86,9 +86,13 @@ struct DactGateEpilogue {
     using namespace cute;
     tile_sync<Cfg>(barrier_id);  // the staging tiles are free (see TmaStoreEpilogue)
     if (thread_idx == 0) {
-      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.h_full[barrier_id], G * Tile::BYTES);
-      s.a.load(p.H_parts[0], &s.h_full[barrier_id], p.col0, p.row0, p.rows);
-      if constexpr (G == 2) s.b.load(p.H_parts[1], &s.h_full[barrier_id], p.col0, p.row0, p.rows);
+      // A last column tile past n loads only the boxes that start inside n (Tile::live_boxes);
+      // its other columns hold stale values, kept out of the gate gradient's dot below and
+      // clipped from the stores.
+      const int boxes = N % Cfg::BN == 0 ? Tile::BOXES : Tile::live_boxes(p.col0, N);
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.h_full[barrier_id], G * boxes * Tile::BOX_BYTES);
+      s.a.load(p.H_parts[0], &s.h_full[barrier_id], p.col0, p.row0, p.rows, boxes);
+      if constexpr (G == 2) s.b.load(p.H_parts[1], &s.h_full[barrier_id], p.col0, p.row0, p.rows, boxes);
     }
     cutlass::arch::ClusterTransactionBarrier::wait(&s.h_full[barrier_id], iteration & 1);
 
@@ -116,7 +120,10 @@ struct DactGateEpilogue {
           float da0, da1, db0, db1, hg0, hg1, t0, t1;
           op(acc(at0), g, a.x, b.x, da0, db0, hg0, t0);
           op(acc(at1), g, a.y, b.y, da1, db1, hg1, t1);
-          dot += t0 + t1;
+          if constexpr (N % Cfg::BN == 0)
+            dot += t0 + t1;
+          else if (p.col0 + col < N)  // n is even: the pair is in or out together
+            dot += t0 + t1;
           sts_b32(a_base + off, pack_bf16x2(da0, da1));
           if constexpr (G == 2) sts_b32(b_base + off, pack_bf16x2(db0, db1));
           sts_b32(hg_base + off, pack_bf16x2(hg0, hg1));

@@ -59,13 +59,25 @@ struct StagingTile {
     for (int b = 0; b < COUNT; ++b)
       cute::SM90_TMA_STORE_3D::copy(map, data.data() + (box0 + b) * (ROWS * BOX), col0 + b * BOX, kRaggedBase - rows, row0 + rows);
   }
-  // One thread: the same rows and columns loaded into the tile, completing on `bar`
-  // (BYTES, out-of-range rows and columns zero-filled and counted).
-  MB_DEV void load(const void* map, uint64_t* bar, int col0, int row0, int rows) {
+  static constexpr int BOX_BYTES = ROWS * BOX * 2;
+  // The tile's boxes that start inside a map of `cols` columns. A ragged-map load of a box that
+  // starts past the map's last column faulted on an H100 (compute-sanitizer: illegal address at
+  // the TMA load; a 128-wide down_dgrad tile over n = 2880, whose second box starts at 2880),
+  // where boxes that start inside and reach past are zero-filled as documented; stores of such
+  // boxes are fine. So loads issue the live boxes only.
+  static MB_DEV int live_boxes(int col0, int cols) {
+    const int left = cols - col0;
+    return left >= COLS ? BOXES : (left + BOX - 1) / BOX;
+  }
+  // One thread: the first `boxes` boxes of the same rows and columns loaded into the tile,
+  // completing on `bar` (boxes x BOX_BYTES, out-of-range rows and columns zero-filled and
+  // counted); the other boxes' shared memory is left as it was.
+  MB_DEV void load(const void* map, uint64_t* bar, int col0, int row0, int rows, int boxes = BOXES) {
     CUTE_UNROLL
     for (int b = 0; b < BOXES; ++b)
-      cute::SM90_TMA_LOAD_3D::copy(map, bar, static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_FIRST),
-                                   data.data() + b * (ROWS * BOX), col0 + b * BOX, kRaggedBase - rows, row0 + rows);
+      if (b < boxes)
+        cute::SM90_TMA_LOAD_3D::copy(map, bar, static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_FIRST),
+                                     data.data() + b * (ROWS * BOX), col0 + b * BOX, kRaggedBase - rows, row0 + rows);
   }
   // One thread: the same boxes brought into L2 ahead of a load.
   static MB_DEV void prefetch(const void* map, int col0, int row0, int rows) {
