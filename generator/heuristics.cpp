@@ -181,9 +181,10 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
         // qwen3-30b-a3b 3.170 -> 2.590, gpt-oss-20b 4.219 -> 3.459, olmoe-1b-7b 4.582 -> 3.622,
         // mixtral-8x7b 13.744 -> 12.964 (n % 96 != 0 on the last two: their last column of tiles
         // is clipped by the TMA stores; mixtral-8x7b's n > d runs the forward in slot chunks).
-        // Its 2 x 64 and 2 x 128 tiles had lost (docs/performance.md). Not where the weights
-        // stream (deepseek-v3 keeps its cluster pair, below; not measured there).
-        if (!weights_stream(layer, tokens)) {
+        // Its 2 x 64 and 2 x 128 tiles had lost (docs/performance.md). Where the weights stream
+        // (deepseek-v3), against the hand-written cluster pair below: 14.716 -> 12.207 ms, step
+        // 66.96 -> 65.78 (bench/ab.py, H100).
+        {
           const TileConfig t = moeblaze::kernel_layer_tile(128, 96, 4, Mainloop::pingpong);
           if (legal(t)) return t;
         }

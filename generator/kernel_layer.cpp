@@ -40,6 +40,8 @@ int kernel_layer_staging_bytes(const KernelSpec& spec) {
   switch (spec.family) {
     case KernelFamily::gate_up: return tile_bytes;                    // H, then h, in one tile
     case KernelFamily::down_dgrad: return 3 * tile_bytes + 1024;      // H's A and B (then dA, dB), hg; its barriers
+    case KernelFamily::down_wgrad:
+    case KernelFamily::gate_up_wgrad: return 2 * t.bm * 64 * 2;       // two [bm][64] bf16 blocks in turn
     default: return tile_bytes;
   }
 }

@@ -72,16 +72,22 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
                                                                              : Mainloop::warp_specialized)));
     }
   }
-  // gate_up: the cooperative 128-wide tile (the default where n is not a multiple of 96 or 160),
-  // QuACK's 128 x (2 x 96) ping-pong tile with direct arrivals (the default where n is a
-  // multiple of 96; elsewhere its last column of tiles is partial), and 2 x 160 where n is a
-  // multiple of 160.
+  // gate_up's hand-written tiles: the cooperative 128-wide tile, QuACK's 128 x (2 x 96) ping-pong
+  // tile with direct arrivals, 2 x 160 where n is a multiple of 160, and the cluster pair where
+  // the weights stream.
   if (has_wgmma(arch) && family == KernelFamily::gate_up) {
     add(with_tma(wgmma_tile(128, 128, 4, Mainloop::persistent)));
     TileConfig pingpong = with_tma(wgmma_tile(128, 96, 5, Mainloop::pingpong));
     pingpong.direct_arrive = true;
     add(pingpong);
     if (layer.shape.ffn % 160 == 0) add(with_tma(wgmma_tile(128, 160, 4, Mainloop::persistent)));
+    // Where the weights stream, the cooperative tile as a cluster pair multicasting the weight
+    // stages (deepseek-v3's default before the kernel layer's 2 x 96 tile).
+    if (weights_stream(layer, 0)) {
+      TileConfig pair = with_tma(wgmma_tile(128, 128, 4, Mainloop::persistent));
+      pair.cluster_m = 2;
+      add(pair);
+    }
   }
   // The other tile order of the default (`add` keeps it for the expert GEMMs' wgmma tiles).
   if (has_wgmma(arch)) {

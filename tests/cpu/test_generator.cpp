@@ -1003,6 +1003,10 @@ TEST_CASE("generator: the kernel layer (_cute) runs the six expert GEMMs on one 
   CHECK(kernel_layer_smem_bytes(spec(KernelFamily::down_dgrad, q, dd)) == 4 * 32 * 1024 + 3 * 32 * 1024 + 1024 + 2048);
   const TileConfig wg = cute_tile(wgmma_tile(128, 128, 5, Mainloop::persistent), 1);
   CHECK(kernel_layer_smem_bytes(spec(KernelFamily::down_wgrad, q, wg)) == 5 * 32 * 1024 + 32 * 1024 + 2048);
+  // The weight gradients stage two [bm][64] blocks in turn, whatever bn: four stages of 128 x 256.
+  const TileConfig wg4 = cute_tile(wgmma_tile(128, 256, 4, Mainloop::persistent), 1);
+  CHECK(kernel_layer_smem_bytes(spec(KernelFamily::gate_up_wgrad, q, wg4)) == 4 * 48 * 1024 + 32 * 1024 + 2048);
+  CHECK(legality_problem(spec(KernelFamily::gate_up_wgrad, q, wg4)).empty());
   // What the parts cannot run, each with its reason.
   auto why = [&](KernelFamily f, const LayerConfig& l, const TileConfig& t) { return legality_problem(spec(f, l, t)); };
   CHECK(why(KernelFamily::router_logits, ds, pp).find("does not run router_logits") != std::string::npos);
@@ -1038,8 +1042,8 @@ TEST_CASE("generator: the kernel layer (_cute) runs the six expert GEMMs on one 
   CHECK(g.source.needs_cutlass);
   CHECK(g.source.text.find("moeblaze/sm90/down_proj.cuh") != std::string::npos);
   // Only kernel-layer kernels include CUTLASS (and key their binaries on its release): deepseek-v3's
-  // gate_up is its hand-written cluster pair.
-  CHECK_FALSE(generate(spec(KernelFamily::gate_up, ds, default_tile(KernelFamily::gate_up, ds, Arch::sm_90a)))
+  // gate_up_wgrad is hand-written.
+  CHECK_FALSE(generate(spec(KernelFamily::gate_up_wgrad, ds, default_tile(KernelFamily::gate_up_wgrad, ds, Arch::sm_90a)))
                   .source.needs_cutlass);
   CHECK(generate(spec(KernelFamily::down_proj, ds, default_tile(KernelFamily::down_proj, ds, Arch::sm_90a))).source.needs_cutlass);
 

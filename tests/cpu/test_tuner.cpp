@@ -447,7 +447,7 @@ TEST_CASE("tuner: down_proj's ping-pong and gate_up's 160-wide defaults are for 
   CHECK(default_tile(KernelFamily::gate_up, gpt_wide_h, Arch::sm_90a).bn == 96);  // plain, n <= d: hand-written 96
 }
 
-TEST_CASE("tuner: gate_up is the kernel layer's 128 x (2 x 96) ping-pong tile but where the weights stream; the hand-written rules (2 x 96 where n is a multiple of 96, 2 x 160 where of 160 but not 128) stay candidates") {
+TEST_CASE("tuner: gate_up is the kernel layer's 128 x (2 x 96) ping-pong tile on every suite shape; the hand-written rules (2 x 96 where n is a multiple of 96, 2 x 160 where of 160 but not 128) stay candidates") {
   for (const Preset& p : presets()) {
     if (!p.in_suite) continue;
     INFO(p.name);
@@ -457,20 +457,18 @@ TEST_CASE("tuner: gate_up is the kernel layer's 128 x (2 x 96) ping-pong tile bu
     CHECK(pingpong96 == (p.name == "qwen3-30b-a3b" || p.name == "gpt-oss-20b"));  // 768 = 8 x 96, 2880 = 30 x 96
     const bool fill160 = !pingpong96 && n % 128 != 0 && n % 160 == 0 && within_d;
     CHECK_FALSE(fill160);  // gpt-oss-20b's 2880 = 18 x 160 takes the ping-pong tile first
-    // deepseek-v3's experts' weights stream through L2 (weights_stream): the cooperative tile as
-    // a cluster pair sharing the weight stages
-    const bool stream = weights_stream(p.layer, 0);
-    CHECK(stream == (p.name == "deepseek-v3"));
-    // The kernel layer's 128 x (2 x 96) tile wherever the weights do not stream (n a multiple of
-    // 96 or not: the TMA stores clip the last column of tiles).
+    // The kernel layer's 128 x (2 x 96) tile, where the weights stream (deepseek-v3) too, and n a
+    // multiple of 96 or not (the TMA stores clip the last column of tiles).
     const TileConfig up = default_tile(KernelFamily::gate_up, p.layer, Arch::sm_90a);
-    CHECK(up.to_string() == (stream ? "128x128x64_w8x1_s4_persist_tmacontig_cluster2x1"
-                                    : "128x96x64_w4x1_s4_pingpong_tmacontig_tmastore_cute"));
+    CHECK(up.to_string() == "128x96x64_w4x1_s4_pingpong_tmacontig_tmastore_cute");
+    CHECK(default_tile(KernelFamily::gate_up, p.layer, Arch::sm_90a, p.tokens) == up);
     const auto c = tile_candidates(KernelFamily::gate_up, p.layer, Arch::sm_90a, 8);
     auto listed = [&](const char* tile) {
       return std::find_if(c.begin(), c.end(), [&](const TileConfig& t) { return t.to_string() == tile; }) != c.end();
     };
     CHECK(listed("128x128x64_w8x1_s4_persist_tmacontig"));
+    // the hand-written cluster pair that deepseek-v3 had (weights_stream) stays its candidate
+    if (weights_stream(p.layer, 0)) CHECK(listed("128x128x64_w8x1_s4_persist_tmacontig_cluster2x1"));
     CHECK(listed("128x96x64_w4x1_s5_pingpong_tmacontig_directarrive"));  // every suite shape takes it (partial last column or not)
     CHECK(listed("128x160x64_w8x1_s4_persist_tmacontig") == (n % 160 == 0));
   }

@@ -34,23 +34,28 @@ struct TmaStoreEpilogue {
 
   static MB_DEV void init(Storage&) {}
 
-  // Returns once the TMA unit has read the staging tile (it may be rewritten).
+  // Cooperative tiles: thread 0 (always the same thread, which issued the previous tile's
+  // stores) waits for the TMA unit to have read the staging tile when it needs it again, so the
+  // reads run under the next tile's mainloop. Ping-pong groups hand the staging tile to each
+  // other, and a thread can wait only for its own stores: there store() returns once they have
+  // read it.
   template <class Acc>
   static MB_DEV void store(Storage& s, const Acc& acc, int thread_idx, int barrier_id, const Params& out, int) {
     auto rD = bf16_fragment(acc);
     const ElementOp op{};
     CUTE_UNROLL
     for (int i = 0; i < cute::size(acc); ++i) rD(i) = Element(op(acc(i)));
-    // The staging tile is free: every thread of the tile got past the previous store's wait
-    // (thread 0 waits for the TMA unit's reads before it arrives here again).
-    tile_sync<Cfg>(barrier_id);
+    if constexpr (!Cfg::PINGPONG) {
+      if (thread_idx == 0) cute::tma_store_wait<0>();
+    }
+    tile_sync<Cfg>(barrier_id);  // the staging tile is free
     s.d.template write<typename Cfg::TiledMma>(rD, thread_idx);
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the TMA unit reads
     tile_sync<Cfg>(barrier_id);
     if (thread_idx == 0 && out.rows > 0) {  // a cluster pair's empty half stores nothing
       s.d.store(out.map, out.col0, out.row0, out.rows);
       cute::tma_store_arrive();
-      cute::tma_store_wait<0>();
+      if constexpr (Cfg::PINGPONG) cute::tma_store_wait<0>();
     }
   }
 

@@ -21,81 +21,110 @@ struct WgradEpilogue {
     int expert, row0, row2, col0;
     int grad_output;
   };
-  // bf16 [BM][BN] in 64-column boxes, or fp32 [BM][BN / 2] in 32-column boxes (128 bytes a row
-  // each: the fp32 tile leaves in two halves through the same bytes).
+  // The tile leaves in blocks of 128 bytes a row through two staging buffers in turn: bf16
+  // [BM][64] (one 64-column box) or fp32 [BM][32] (one 32-column box, the same bytes). A block is
+  // written while the block before it is still being stored, and the wait for a buffer's reads
+  // falls two blocks later (the next tile's first blocks under its mainloop): the last
+  // block's store is never waited for in the tile. Two 16 KiB buffers instead of a whole 64 KiB
+  // 128 x 256 tile leave room for a fourth operand stage.
+  static constexpr int BF16_BLOCK = 64, F32_BLOCK = 32;
+  static constexpr int BF16_BLOCKS = Cfg::BN / BF16_BLOCK, F32_BLOCKS = Cfg::BN / F32_BLOCK;
+  using BlockMma = typename Cfg::template TiledMmaN<BF16_BLOCK>;
+  using Block = StagingTile<Cfg::BM, BF16_BLOCK>;
   using F32Layout = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{},
-                                                 cute::make_shape(cute::Int<Cfg::BM>{}, cute::Int<Cfg::BN / 2>{})));
+                                                 cute::make_shape(cute::Int<Cfg::BM>{}, cute::Int<F32_BLOCK>{})));
+  static_assert(Block::BYTES == Cfg::BM * F32_BLOCK * 4, "an fp32 block fills a bf16 block's bytes");
   struct Storage {
-    StagingTile<Cfg::BM, Cfg::BN> d;
+    Block buffer[2];
   };
-  static constexpr int STAGING_BYTES = StagingTile<Cfg::BM, Cfg::BN>::BYTES;
+  static constexpr int STAGING_BYTES = 2 * Block::BYTES;
 
   static MB_DEV void init(Storage&) {}
 
+  // Block `block` of this consumer group's store sequence may take buffer block % 2 once the
+  // stores issued from it two blocks earlier have read it (each block's stores are one bulk
+  // group of thread 0's).
+  static MB_DEV void acquire(int thread_idx, int barrier_id) {
+    if (thread_idx == 0) cute::tma_store_wait<1>();
+    tile_sync<Cfg>(barrier_id);
+  }
+  static MB_DEV void publish(int barrier_id) {
+    cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the TMA unit reads
+    tile_sync<Cfg>(barrier_id);
+  }
+
   template <class Acc>
-  static MB_DEV void store(Storage& s, const Acc& acc, int thread_idx, int barrier_id, const Params& p, int) {
+  static MB_DEV void store(Storage& s, const Acc& acc, int thread_idx, int barrier_id, const Params& p, int iteration) {
     using namespace cute;
     if (p.grad_output != static_cast<int>(GradOutput::add_f32)) {
-      auto rD = bf16_fragment(acc);
+      const bool add = p.grad_output == static_cast<int>(GradOutput::add_bf16);
       CUTE_UNROLL
-      for (int i = 0; i < size(acc); ++i) rD(i) = Element(acc(i));
-      tile_sync<Cfg>(barrier_id);  // the staging tile is free (see TmaStoreEpilogue)
-      s.d.template write<typename Cfg::TiledMma>(rD, thread_idx);
-      cutlass::arch::fence_view_async_shared();
-      tile_sync<Cfg>(barrier_id);
-      if (thread_idx == 0) {
-        const bool add = p.grad_output == static_cast<int>(GradOutput::add_bf16);
+      for (int b = 0; b < BF16_BLOCKS; ++b) {
+        // Columns [64 b, +64): the accumulator's 8-column groups j in [8 b, 8 b + 8) (fragment
+        // modes ((2 columns, 2 row halves, BN / 8 groups), M tiles, 1)).
+        auto rD = bf16_fragment(partition_fragment_C(BlockMma{}, Shape<Int<Cfg::BM>, Int<BF16_BLOCK>>{}));
         CUTE_UNROLL
-        for (int part = 0; part < 2; ++part) {
-          const void* map = part ? p.map2 : p.map;
-          const int row = part ? p.row2 : p.row0;
-          if (!map) continue;
+        for (int m = 0; m < size<1>(acc); ++m)
           CUTE_UNROLL
-          for (int b = 0; b < Cfg::BN / 64; ++b) {
-            const Element* box = s.d.data.data() + b * (Cfg::BM * 64);
-            if (add) SM90_TMA_REDUCE_ADD_3D::copy(map, box, p.col0 + b * 64, row, p.expert);
-            else SM90_TMA_STORE_3D::copy(map, box, p.col0 + b * 64, row, p.expert);
+          for (int j = 0; j < BF16_BLOCK / 8; ++j)
+            CUTE_UNROLL
+            for (int v = 0; v < 4; ++v)
+              rD(make_coord(make_coord(v % 2, v / 2, j), m, 0)) =
+                  Element(acc(make_coord(make_coord(v % 2, v / 2, b * (BF16_BLOCK / 8) + j), m, 0)));
+        Block& buf = s.buffer[(iteration * BF16_BLOCKS + b) & 1];
+        acquire(thread_idx, barrier_id);
+        buf.template write<BlockMma>(rD, thread_idx);
+        publish(barrier_id);
+        if (thread_idx == 0) {
+          CUTE_UNROLL
+          for (int part = 0; part < 2; ++part) {
+            const void* map = part ? p.map2 : p.map;
+            if (!map) continue;
+            const int row = part ? p.row2 : p.row0;
+            if (add) SM90_TMA_REDUCE_ADD_3D::copy(map, buf.data.data(), p.col0 + b * BF16_BLOCK, row, p.expert);
+            else SM90_TMA_STORE_3D::copy(map, buf.data.data(), p.col0 + b * BF16_BLOCK, row, p.expert);
           }
+          tma_store_arrive();
         }
-        tma_store_arrive();
-        tma_store_wait<0>();
       }
-      return;
+    } else {
+      // fp32 main gradient: reduce-adds of 32-column blocks. Groups j of 8 columns fall in a
+      // block by their index alone, so each block's loop is unrolled code.
+      const auto c = typename Cfg::TiledMma{}.get_slice(thread_idx).partition_C(
+          make_identity_tensor(Shape<Int<Cfg::BM>, Int<Cfg::BN>>{}));
+      CUTE_UNROLL
+      for (int b = 0; b < F32_BLOCKS; ++b) {
+        Block& buf = s.buffer[(iteration * F32_BLOCKS + b) & 1];
+        float* f32 = reinterpret_cast<float*>(buf.data.data());
+        Tensor sF = make_tensor(make_smem_ptr(f32), F32Layout{});
+        const uint32_t base = cast_smem_ptr_to_uint(f32);
+        acquire(thread_idx, barrier_id);
+        CUTE_UNROLL
+        for (int m = 0; m < size<1>(acc); ++m)
+          CUTE_UNROLL
+          for (int j = b * (F32_BLOCK / 8); j < (b + 1) * (F32_BLOCK / 8); ++j)
+            CUTE_UNROLL
+            for (int h = 0; h < 2; ++h) {
+              const auto at0 = make_coord(make_coord(0, h, j), m, 0), at1 = make_coord(make_coord(1, h, j), m, 0);
+              const int r = get<0>(c(at0)), col = get<1>(c(at0)) - b * F32_BLOCK;
+              sts_v2_f32(base + static_cast<uint32_t>(staging_offset(&sF(r, col), f32)), acc(at0), acc(at1));
+            }
+        publish(barrier_id);
+        if (thread_idx == 0) {
+          CUTE_UNROLL
+          for (int part = 0; part < 2; ++part) {
+            const void* map = part ? p.map2 : p.map;
+            if (!map) continue;
+            SM90_TMA_REDUCE_ADD_3D::copy(map, f32, p.col0 + b * F32_BLOCK, part ? p.row2 : p.row0, p.expert);
+          }
+          tma_store_arrive();
+        }
+      }
     }
-    // fp32: each half of the columns through the staging bytes in turn. Column blocks of 8 (the
-    // fragment's j) fall in a half by their index alone, so each half's loop is unrolled code.
-    float* f32 = reinterpret_cast<float*>(s.d.data.data());
-    Tensor sF = make_tensor(make_smem_ptr(f32), F32Layout{});
-    const uint32_t base = cast_smem_ptr_to_uint(f32);
-    const auto c = typename Cfg::TiledMma{}.get_slice(thread_idx).partition_C(
-        make_identity_tensor(Shape<Int<Cfg::BM>, Int<Cfg::BN>>{}));
-    CUTE_UNROLL
-    for (int half = 0; half < 2; ++half) {
-      tile_sync<Cfg>(barrier_id);  // the staging bytes are free
-      CUTE_UNROLL
-      for (int m = 0; m < size<1>(acc); ++m)
-        CUTE_UNROLL
-        for (int j = half * (Cfg::BN / 16); j < (half + 1) * (Cfg::BN / 16); ++j)
-          CUTE_UNROLL
-          for (int h = 0; h < 2; ++h) {
-            const auto at0 = make_coord(make_coord(0, h, j), m, 0), at1 = make_coord(make_coord(1, h, j), m, 0);
-            const int r = get<0>(c(at0)), col = get<1>(c(at0)) - half * (Cfg::BN / 2);
-            sts_v2_f32(base + static_cast<uint32_t>(staging_offset(&sF(r, col), f32)), acc(at0), acc(at1));
-          }
-      cutlass::arch::fence_view_async_shared();
-      tile_sync<Cfg>(barrier_id);
-      if (thread_idx == 0) {
-        for (int part = 0; part < 2; ++part) {
-          const void* map = part ? p.map2 : p.map;
-          if (!map) continue;
-          CUTE_UNROLL
-          for (int b = 0; b < Cfg::BN / 64; ++b)
-            SM90_TMA_REDUCE_ADD_3D::copy(map, reinterpret_cast<const float*>(s.d.data.data()) + b * (Cfg::BM * 32),
-                                         p.col0 + half * (Cfg::BN / 2) + b * 32, part ? p.row2 : p.row0, p.expert);
-        }
-        tma_store_arrive();
-        tma_store_wait<0>();
-      }
+    // Ping-pong groups share the buffers and each group's thread 0 waits only for its own
+    // stores: the buffers go to the other group read.
+    if constexpr (Cfg::PINGPONG) {
+      if (thread_idx == 0) tma_store_wait<0>();
     }
   }
 
