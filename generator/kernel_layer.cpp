@@ -62,7 +62,14 @@ std::string kernel_layer_problem(const KernelSpec& spec, int max_smem_bytes) {
     return "kernel-layer tiles load contiguous operands and store the tile by TMA (_tmacontig_tmastore)";
   if (t.direct_arrive) return "kernel-layer tiles have no _directarrive (gathered copies always arrive on the full barrier)";
   if (t.cluster_m != 1 && t.cluster_m != 2) return "kernel-layer clusters are pairs along M (_cluster2x1)";
-  if (t.cluster_m == 2 && k->gathered) return "kernel-layer cluster pairs are for the all-TMA families (down_proj, gate_up_dgrad)";
+  // A pair multicasts B's stages; a gathered A is each block's own (gate_up's x rows, down_wgrad's
+  // dy rows). A gathered B (gate_up_wgrad's x) cannot be shared.
+  if (t.cluster_m == 2 && k->gathered && f != KernelFamily::down_wgrad && f != KernelFamily::gate_up)
+    return "kernel-layer cluster pairs are for the families whose B comes by TMA alone (gate_up, down_proj, gate_up_dgrad, down_wgrad)";
+  if (t.cluster_m == 2 && f == KernelFamily::gate_up && !is_gated(l.activation))
+    return "a gate_up pair splits W1 | W3 between its blocks: gated activations only";
+  if (t.cluster_m == 2 && f == KernelFamily::down_wgrad && t.bn % 128)
+    return "a down_wgrad pair splits hg's 64-column boxes between its blocks: bn 128 or 256";
   if (t.bk != 64) return "bk must be 64 (one 128-byte swizzle group per row)";
   if (t.pingpong()) {
     if (t.warps_m != 4 || t.warps_n != 1) return "ping-pong tiles have 4 x 1 warps (one warpgroup per tile)";

@@ -1016,7 +1016,14 @@ TEST_CASE("generator: the kernel layer (_cute) runs the six expert GEMMs on one 
   CHECK(why(KernelFamily::down_proj, ds, cute_tile(pingpong_tile(128, 128, 7), 1)).find("shared memory") != std::string::npos);
   CHECK(why(KernelFamily::down_proj, ds, cute_tile(pingpong_tile(128, 256, 3), 1)).find("accumulator registers") != std::string::npos);
   CHECK(why(KernelFamily::gate_up, q, pp).find("accumulator registers") != std::string::npos);  // 2 x 128 a warpgroup
-  CHECK(why(KernelFamily::gate_up, q, cute_tile(pingpong_tile(128, 64, 5), 2)).find("cluster pairs") != std::string::npos);
+  // gate_up's pair: each block loads W1's or W3's rows of the N tile, multicast.
+  CHECK(why(KernelFamily::gate_up, q, cute_tile(pingpong_tile(128, 96, 4), 2)).empty());
+  // down_wgrad's pair shares hg (TMA); gate_up_wgrad's B is the gathered x: no pair.
+  const TileConfig wgrad_pair = cute_tile(wgmma_tile(256, 128, 3, Mainloop::persistent), 2);
+  CHECK(why(KernelFamily::down_wgrad, q, wgrad_pair).empty());
+  CHECK(why(KernelFamily::gate_up_wgrad, q, wgrad_pair).find("cluster pairs") != std::string::npos);
+  CHECK(why(KernelFamily::down_wgrad, q, cute_tile(wgmma_tile(128, 64, 5, Mainloop::persistent), 2)).find("bn 128 or 256") !=
+        std::string::npos);
   CHECK(why(KernelFamily::down_dgrad, q, cute_tile(pingpong_tile(128, 128, 5), 1)).find("shared memory") != std::string::npos);
   LayerConfig biased = ds;
   biased.expert_bias = true;
@@ -1047,12 +1054,14 @@ TEST_CASE("generator: the kernel layer (_cute) runs the six expert GEMMs on one 
                   .source.needs_cutlass);
   CHECK(generate(spec(KernelFamily::down_proj, ds, default_tile(KernelFamily::down_proj, ds, Arch::sm_90a))).source.needs_cutlass);
 
-  // Every family, ping-pong and cooperative, and the all-TMA families' cluster pairs (each
+  // Every family, ping-pong and cooperative, and the cluster pairs of the families whose B comes
+  // by TMA alone (each
   // kernel-layer kernel compiles for tens of seconds on two cores: a few tiles each).
   const TileConfig coop = cute_tile(wgmma_tile(128, 256, 3, Mainloop::persistent), 1);
   std::vector<KernelSpec> specs = {
       spec(KernelFamily::gate_up, q, gu),
       spec(KernelFamily::gate_up, q, gu96),
+      spec(KernelFamily::gate_up, ds, cute_tile(pingpong_tile(128, 96, 4), 2)),  // a pair: W1 | W3 multicast
       spec(KernelFamily::gate_up, ds, cute_tile(wgmma_tile(128, 64, 5, Mainloop::persistent), 1)),  // cooperative 128 x (2 x 64)
       spec(KernelFamily::down_proj, ds, pp),
       spec(KernelFamily::down_proj, ds, cute_tile(pingpong_tile(128, 128, 6), 2)),
@@ -1061,6 +1070,8 @@ TEST_CASE("generator: the kernel layer (_cute) runs the six expert GEMMs on one 
       // inside n only (a box starting past it faulted on the GPU: sm90/staging.cuh live_boxes)
       spec(KernelFamily::down_dgrad, find_preset("gpt-oss-20b").layer, dd),
       spec(KernelFamily::down_wgrad, q, wg),
+      // QuACK's down_wgrad tile: 256 gathered dy columns a block, hg's stages multicast in a pair
+      spec(KernelFamily::down_wgrad, q, cute_tile(wgmma_tile(256, 128, 3, Mainloop::persistent), 2)),
       spec(KernelFamily::gate_up_wgrad, straddle, wg),  // n = 2112: a tile straddling dW1 | dW3
       spec(KernelFamily::gate_up_wgrad, ds, cute_tile(wgmma_tile(128, 256, 3, Mainloop::persistent), 1)),
       spec(KernelFamily::gate_up_dgrad, ds, pp),

@@ -70,7 +70,7 @@ struct TmaColsMN {
 // K-major, the stage's rows stacked from two maps: rows [0, ROWS / 2) are map[0]'s rows [row,
 // +ROWS / 2), rows [ROWS / 2, ROWS) map[1]'s (gate_up's W1_e and W3_e rows of one N tile: the
 // accumulator's left half is A = x W1^T, its right half B = x W3^T, each thread holding both
-// halves of its columns). No cluster pairs.
+// halves of its columns). In a cluster pair block `rank` loads map[rank]'s half, multicast.
 struct TmaRowsK2 {
   static constexpr bool GATHERED = false;
   static constexpr Major MAJOR = Major::k;
@@ -78,17 +78,22 @@ struct TmaRowsK2 {
   int row;
 
   template <int ROWS, int SHARERS>
-  MB_DEV void load(int k, uint64_t* full, Element* stage, int) const {
-    static_assert(SHARERS == 1, "the stacked source is loaded by one block");
-    tma_box<1>(map[0], full, stage, k * 64, row);
-    tma_box<1>(map[1], full, stage + (ROWS / 2) * 64, k * 64, row);
+  MB_DEV void load(int k, uint64_t* full, Element* stage, int rank) const {
+    static_assert(SHARERS == 1 || SHARERS == 2, "one block, or a pair taking a map each");
+    if constexpr (SHARERS == 1) {
+      tma_box<1>(map[0], full, stage, k * 64, row);
+      tma_box<1>(map[1], full, stage + (ROWS / 2) * 64, k * 64, row);
+    } else {
+      const void* m = rank ? map[1] : map[0];  // a select: indexing would put the array in local memory
+      tma_box<2>(m, full, stage + rank * (ROWS / 2) * 64, k * 64, row);
+    }
   }
 };
 
 // MN-major, k rows along a group of rows of a ragged map (the weight gradients' reduction over an
 // expert's slots: dH, hg): step k's k rows are the map's rows [row0 + 64 k, +64) clipped at
 // row0 + rows (rows past it are zero-filled by the TMA unit, not the next expert's), columns
-// [col0, +ROWS) as [64][64] boxes.
+// [col0, +ROWS) as [64][64] boxes (a pair: alternate boxes from each block, multicast).
 struct TmaRaggedColsMN {
   static constexpr bool GATHERED = false;
   static constexpr Major MAJOR = Major::mn;
@@ -96,13 +101,20 @@ struct TmaRaggedColsMN {
   int row0, rows, col0;
 
   template <int ROWS, int SHARERS>
-  MB_DEV void load(int k, uint64_t* full, Element* stage, int) const {
-    static_assert(SHARERS == 1, "no cluster pairs");
+  MB_DEV void load(int k, uint64_t* full, Element* stage, int rank) const {
+    static_assert(SHARERS == 1 || (ROWS / 64) % SHARERS == 0, "a pair's boxes split evenly");
     const int left = rows - 64 * k;  // the group's rows from this step on
     CUTE_UNROLL
-    for (int b = 0; b < ROWS / 64; ++b)
-      cute::SM90_TMA_LOAD_3D::copy(map, full, kTmaHint, stage + b * (64 * 64), col0 + b * 64, (1 << 30) - left,
-                                   row0 + 64 * k + left);
+    for (int b = 0; b < ROWS / 64; ++b) {
+      if constexpr (SHARERS == 1) {
+        cute::SM90_TMA_LOAD_3D::copy(map, full, kTmaHint, stage + b * (64 * 64), col0 + b * 64, (1 << 30) - left,
+                                     row0 + 64 * k + left);
+      } else if (b % SHARERS == rank) {
+        cute::SM90_TMA_LOAD_MULTICAST_3D::copy(map, full, static_cast<uint16_t>((1 << SHARERS) - 1), kTmaHint,
+                                               stage + b * (64 * 64), col0 + b * 64, (1 << 30) - left,
+                                               row0 + 64 * k + left);
+      }
+    }
   }
 };
 

@@ -3,7 +3,8 @@
 // operands MN-major: one gathered along the slots (a token's row of dy or x, cp.async by the
 // producer warpgroup), the other the slots' rows of an activation by TMA through a ragged map
 // (dH, hg: rows past the expert read zeros). Tiles are numbered expert by expert
-// (gemm::wgrad_tile); the epilogue stores or adds (epilogue_wgrad.cuh).
+// (gemm::wgrad_tile); the epilogue stores or adds (epilogue_wgrad.cuh). In a cluster pair (along
+// M) the two blocks share the TMA operand's stages (multicast), each gathering its own rows.
 //   down_wgrad:    dW2_e [d][n] = gather(dy)^T hg       A = dy (gathered), B = hg (TMA)
 //   gate_up_wgrad: [dW1_e; dW3_e] [G n][d] = dH^T gather(x)   A = dH (TMA), B = x (gathered);
 //                  a tile straddling dW1 and dW3 goes to both (epilogue_wgrad.cuh)
@@ -23,9 +24,15 @@ struct WgradSchedule {
   using Epilogue = WgradEpilogue<Cfg>;
   static constexpr bool K_STEPS_FIXED = false;
 
-  // down_wgrad's column chunks (n_cols > 0) have N_OUT = n_cols columns.
-  static MB_DEV gemm::WgradTile problem_tile(const Args& p, int index, int) {
-    return gemm::wgrad_tile<Cfg::BM, Cfg::BN, E, M, N_OUT, ALT_ORDER>(index, p.rv, p.n_cols > 0 ? p.n_cols : N_OUT);
+  // down_wgrad's column chunks (n_cols > 0) have N_OUT = n_cols columns. A cluster pair's tile
+  // is 2 BM rows of one expert and N tile (the same k steps for both blocks, the B stages
+  // shared): the block of `rank` computes rows [m0 + rank BM, +BM); a half past M loads its
+  // share of B and stores nothing (the output map clips its rows).
+  static MB_DEV gemm::WgradTile problem_tile(const Args& p, int index, int rank) {
+    auto t = gemm::wgrad_tile<Cfg::BM * Cfg::CLUSTER_M, Cfg::BN, E, M, N_OUT, ALT_ORDER>(index, p.rv,
+                                                                                       p.n_cols > 0 ? p.n_cols : N_OUT);
+    t.m0 += rank * Cfg::BM;
+    return t;
   }
   static MB_DEV int k_tiles(const Args&, const gemm::WgradTile& t) { return (t.count + 63) / 64; }
 };
