@@ -51,11 +51,15 @@ bool few_slots_per_expert(const LayerConfig& layer, int64_t tokens) {
   return tokens > 0 ? tokens * K <= 2048 * E : E >= 8 * K;
 }
 
+bool wide_experts(const LayerConfig& layer) {
+  const int64_t weight_bytes = int64_t{layer.gate_parts()} * layer.shape.ffn * layer.shape.hidden * 2;
+  return weight_bytes > (int64_t{40} << 20);
+}
+
 bool weights_stream(const LayerConfig& layer, int64_t tokens) {
   const int64_t E = layer.shape.experts, K = layer.shape.topk;
-  const int64_t weight_bytes = int64_t{layer.gate_parts()} * layer.shape.ffn * layer.shape.hidden * 2;
   const bool few_slots = tokens > 0 ? tokens * K <= 1024 * E : E >= 16 * K;
-  return weight_bytes > (int64_t{40} << 20) && few_slots;
+  return wide_experts(layer) && few_slots;
 }
 
 TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch, int64_t tokens) {
@@ -183,9 +187,18 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
         // is clipped by the TMA stores; mixtral-8x7b's n > d runs the forward in slot chunks).
         // Its 2 x 64 and 2 x 128 tiles had lost (docs/performance.md). Where the weights stream
         // (deepseek-v3), against the hand-written cluster pair below: 14.716 -> 12.207 ms, step
-        // 66.96 -> 65.78 (bench/ab.py, H100).
+        // 66.96 -> 65.78; in another call 11.965 -> 11.669 (bench/ab.py, H100).
+        // Where an expert's weights are wide (over 40 MiB) and its slots many (not
+        // weights_stream: mixtral-8x7b at T = 16384, 4096 slots an expert), the tile as a cluster
+        // pair, each block loading W1's or W3's rows and multicasting them (QuACK pairs its gate_up
+        // there too): mixtral-8x7b 12.983 -> 11.380 ms, step 58.29 -> 56.59 (bench/ab.py, H100,
+        // two rounds); on deepseek-v3, whose weights stream, the pair lost (11.669 -> 12.792).
         {
           const TileConfig t = moeblaze::kernel_layer_tile(128, 96, 4, Mainloop::pingpong);
+          if (wide_experts(layer) && !weights_stream(layer, tokens)) {
+            const TileConfig pair = moeblaze::kernel_layer_tile(128, 96, 4, Mainloop::pingpong, 2);
+            if (legal(pair)) return pair;
+          }
           if (legal(t)) return t;
         }
         // QuACK's gate_up (SonicMoE's kernel on qwen3-30b-a3b and gpt-oss-20b): a ping-pong

@@ -20,11 +20,14 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
 // 16384 tokens). Those layers' weight gradients keep that epilogue for its fp32 path.
 bool few_slots_per_expert(const LayerConfig& layer, int64_t tokens);
 
-// Whether the experts' weights stream through L2 with little reuse: an expert's gate/up weights
-// (G n d bf16) are larger than 40 MiB (the H100/H200 L2 holds 50 MB) and its slots few (T K / E
+// Whether an expert's gate/up weights (G n d bf16) are larger than 40 MiB (the H100/H200 L2 holds
+// 50 MB): mixtral-8x7b 224 MiB, deepseek-v3 56 MiB.
+bool wide_experts(const LayerConfig& layer);
+
+// Whether the experts' weights stream through L2 with little reuse: wide experts with few slots (T K / E
 // at most 1024, 8 tiles of 128 rows; with T unknown, E / K >= 16 stands in), so the blocks in
-// flight span many weight tiles, each read by few of them (deepseek-v3). Those layers' gathered
-// forward and down_dgrad take the cluster pair and the M-outer tile order.
+// flight span many weight tiles, each read by few of them (deepseek-v3). Those layers' down_dgrad
+// takes the kernel layer's ping-pong tile; wide experts with many slots take gate_up's pair.
 bool weights_stream(const LayerConfig& layer, int64_t tokens);
 
 // The columns an expert GEMM's output tiles cover (its N; 0 for the other families).

@@ -447,7 +447,7 @@ TEST_CASE("tuner: down_proj's ping-pong and gate_up's 160-wide defaults are for 
   CHECK(default_tile(KernelFamily::gate_up, gpt_wide_h, Arch::sm_90a).bn == 96);  // plain, n <= d: hand-written 96
 }
 
-TEST_CASE("tuner: gate_up is the kernel layer's 128 x (2 x 96) ping-pong tile on every suite shape; the hand-written rules (2 x 96 where n is a multiple of 96, 2 x 160 where of 160 but not 128) stay candidates") {
+TEST_CASE("tuner: gate_up is the kernel layer's 128 x (2 x 96) ping-pong tile on every suite shape, a pair where experts are wide and their slots many; the hand-written rules (2 x 96 where n is a multiple of 96, 2 x 160 where of 160 but not 128) stay candidates") {
   for (const Preset& p : presets()) {
     if (!p.in_suite) continue;
     INFO(p.name);
@@ -458,10 +458,16 @@ TEST_CASE("tuner: gate_up is the kernel layer's 128 x (2 x 96) ping-pong tile on
     const bool fill160 = !pingpong96 && n % 128 != 0 && n % 160 == 0 && within_d;
     CHECK_FALSE(fill160);  // gpt-oss-20b's 2880 = 18 x 160 takes the ping-pong tile first
     // The kernel layer's 128 x (2 x 96) tile, where the weights stream (deepseek-v3) too, and n a
-    // multiple of 96 or not (the TMA stores clip the last column of tiles).
-    const TileConfig up = default_tile(KernelFamily::gate_up, p.layer, Arch::sm_90a);
-    CHECK(up.to_string() == "128x96x64_w4x1_s4_pingpong_tmacontig_tmastore_cute");
-    CHECK(default_tile(KernelFamily::gate_up, p.layer, Arch::sm_90a, p.tokens) == up);
+    // multiple of 96 or not (the TMA stores clip the last column of tiles); a cluster pair
+    // multicasting W1 | W3 where an expert's weights are wide and its slots many (mixtral-8x7b).
+    const TileConfig up = default_tile(KernelFamily::gate_up, p.layer, Arch::sm_90a, p.tokens);
+    const bool pair = wide_experts(p.layer) && !weights_stream(p.layer, p.tokens);
+    CHECK(pair == (p.name == "mixtral-8x7b"));
+    CHECK(up.to_string() == (pair ? "128x96x64_w4x1_s4_pingpong_tmacontig_tmastore_cluster2x1_cute"
+                                   : "128x96x64_w4x1_s4_pingpong_tmacontig_tmastore_cute"));
+    CHECK(legality_problem(KernelSpec{KernelFamily::gate_up, p.layer, up, Arch::sm_90a}).empty());
+    if (p.name == "mixtral-8x7b")  // 1024 slots an expert at T = 4096: its weights stream, no pair
+      CHECK(default_tile(KernelFamily::gate_up, p.layer, Arch::sm_90a, 4096).cluster_m == 1);
     const auto c = tile_candidates(KernelFamily::gate_up, p.layer, Arch::sm_90a, 8);
     auto listed = [&](const char* tile) {
       return std::find_if(c.begin(), c.end(), [&](const TileConfig& t) { return t.to_string() == tile; }) != c.end();

@@ -34,28 +34,26 @@ struct TmaStoreEpilogue {
 
   static MB_DEV void init(Storage&) {}
 
-  // Cooperative tiles: thread 0 (always the same thread, which issued the previous tile's
-  // stores) waits for the TMA unit to have read the staging tile when it needs it again, so the
-  // reads run under the next tile's mainloop. Ping-pong groups hand the staging tile to each
-  // other, and a thread can wait only for its own stores: there store() returns once they have
-  // read it.
+  // Returns once the TMA unit has read the staging tile (it may be rewritten). Deferring that
+  // wait to the next tile's epilogue (CUTLASS's order, the reads under the next mainloop) made
+  // the cooperative 128x256 tiles slower on an H100 (bench/ab.py: down_proj 5.423 -> 7.236 ms on
+  // mixtral-8x7b, 6.256 -> 7.511 on deepseek-v3; gate_up_dgrad 11.906 -> 14.368 on deepseek-v3).
   template <class Acc>
   static MB_DEV void store(Storage& s, const Acc& acc, int thread_idx, int barrier_id, const Params& out, int) {
     auto rD = bf16_fragment(acc);
     const ElementOp op{};
     CUTE_UNROLL
     for (int i = 0; i < cute::size(acc); ++i) rD(i) = Element(op(acc(i)));
-    if constexpr (!Cfg::PINGPONG) {
-      if (thread_idx == 0) cute::tma_store_wait<0>();
-    }
-    tile_sync<Cfg>(barrier_id);  // the staging tile is free
+    // The staging tile is free: every thread of the tile got past the previous store's wait
+    // (thread 0 waits for the TMA unit's reads before it arrives here again).
+    tile_sync<Cfg>(barrier_id);
     s.d.template write<typename Cfg::TiledMma>(rD, thread_idx);
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the TMA unit reads
     tile_sync<Cfg>(barrier_id);
     if (thread_idx == 0 && out.rows > 0) {  // a cluster pair's empty half stores nothing
       s.d.store(out.map, out.col0, out.row0, out.rows);
       cute::tma_store_arrive();
-      if constexpr (Cfg::PINGPONG) cute::tma_store_wait<0>();
+      cute::tma_store_wait<0>();
     }
   }
 
