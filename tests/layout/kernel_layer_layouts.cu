@@ -99,13 +99,16 @@ void check_accumulators() {
   for (int b = 0; b < BN / 64; ++b)
     for (int r = 0; r < BM; r += 7)
       EXPECT_EQ(staging_offset(&sd(r, 64 * b), stage_buf) / (BM * 128), b, "staging box %d row %d", b, r);
+  // The weight gradients' fp32 block: one [BM][32] box (128 bytes a row) in a bf16 block's bytes,
+  // each row's 32 values in its own 128-byte line (the box's swizzle permutes 16-byte chunks).
+  static_assert(WgradEpilogue<Cfg>::F32_BLOCK == 32 && WgradEpilogue<Cfg>::Block::BYTES == BM * 128, "one fp32 box a block");
   Tensor sf = make_tensor(make_smem_ptr(f32_buf), typename WgradEpilogue<Cfg>::F32Layout{});
-  for (int b = 0; b < BN / 64; ++b)
-    for (int r = 0; r < BM; r += 7) {
-      EXPECT_EQ(staging_offset(&sf(r, 32 * b), f32_buf) / (BM * 128), b, "fp32 staging box %d row %d", b, r);
-      for (int cc = 0; cc < 32; cc += 2)  // an accumulator pair is one 8-byte store
-        EXPECT_EQ(staging_offset(&sf(r, 32 * b + cc + 1), f32_buf), staging_offset(&sf(r, 32 * b + cc), f32_buf) + 4, "fp32 pair");
-    }
+  for (int r = 0; r < BM; r += 7) {
+    for (int cc = 0; cc < 32; ++cc)
+      EXPECT_EQ(staging_offset(&sf(r, cc), f32_buf) / 128, r, "fp32 block row %d column %d", r, cc);
+    for (int cc = 0; cc < 32; cc += 2)  // an accumulator pair is one 8-byte store
+      EXPECT_EQ(staging_offset(&sf(r, cc + 1), f32_buf), staging_offset(&sf(r, cc), f32_buf) + 4, "fp32 pair");
+  }
 }
 
 int main() {
