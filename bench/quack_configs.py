@@ -81,7 +81,11 @@ def main(argv=None) -> int:
         n = SHAPES[a.shape]["n"]
     rows = 0
     for name, text in autotune_files(a.source):
-        d = json.loads(text)
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            print(f"quack_configs: {name}: not an autotune file ({e}); skipped", file=sys.stderr)
+            continue
         kind = Path(name).name.replace("_tuned.autotune.json", "")
         sh = shapes(d.get("key", []))
         if n is not None and not any(n in s or 2 * n in s for s in sh):  # n, or G n of the gated GEMMs

@@ -187,7 +187,8 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
         // is clipped by the TMA stores; mixtral-8x7b's n > d runs the forward in slot chunks).
         // Its 2 x 64 and 2 x 128 tiles had lost (docs/performance.md). Where the weights stream
         // (deepseek-v3), against the hand-written cluster pair below: 14.716 -> 12.207 ms, step
-        // 66.96 -> 65.78; in another call 11.965 -> 11.669 (bench/ab.py, H100).
+        // 66.96 -> 65.78, and 11.965 -> 11.669 beside the build before it (bench/ab.py, H100;
+        // docs/performance.md, "Pairs and four-stage weight gradients").
         // Where an expert's weights are wide (over 40 MiB) and its slots many (not
         // weights_stream: mixtral-8x7b at T = 16384, 4096 slots an expert), the tile as a cluster
         // pair, each block loading W1's or W3's rows and multicasting them (QuACK pairs its gate_up

@@ -304,6 +304,17 @@ kind_tiles() {
       echo "$t --tile down_wgrad=128x128x64_w8x1_s5_persist$s --tile gate_up_wgrad=128x128x64_w8x1_s5_persist$s" ;;
     # gate_up's default on the layer: 128 x (2 x 96), H and h in 32-column boxes.
     cute96) echo "--tile gate_up=128x96x64_w4x1_s4_pingpong_tmacontig_tmastore_cute" ;;
+    # Its cluster pair (W1 | W3 multicast, a map per block): mixtral-8x7b's default, forward in
+    # slot chunks there (n > d).
+    cute96_pair) echo "--tile gate_up=128x96x64_w4x1_s4_pingpong_tmacontig_tmastore_cluster2x1_cute" ;;
+    # The weight gradients' two-block staging: 4-stage 128x256 tiles, QuACK's down_wgrad pair
+    # (256 gathered dy columns a block, hg multicast) and the 256-row gate_up_wgrad.
+    cute_wgrad)
+      local s=_tmacontig_tmastore
+      echo "--tile down_wgrad=256x128x64_w8x1_s3_persist${s}_cluster2x1_cute --tile gate_up_wgrad=128x256x64_w8x1_s4_persist${s}_cute" ;;
+    cute_wgrad_alt)
+      local s=_tmacontig_tmastore
+      echo "--tile down_wgrad=128x256x64_w8x1_s4_persist${s}_cute --tile gate_up_wgrad=256x128x64_w8x1_s3_persist${s}_cute" ;;
     cute_alt)
       local s=_tmacontig_tmastore
       local t="--tile gate_up=128x64x64_w8x1_s5_persist${s}_cute --tile down_proj=128x256x64_w8x1_s3_persist${s}_cute"
@@ -312,7 +323,7 @@ kind_tiles() {
   esac
 }
 ALL_KINDS="wgmma ws persist tma_fwd tma_wgrad tma_dgrad bn192 bn_narrow bn_narrow_wide bn224 tmastore tmastore_small slot_tmastore tmastore64 directarrive wgrad256 dgrad_wide
-dgrad_narrow altorder pingpong pingpong64 cluster pingpong_cluster pingpong_wide pingpong_wide_cluster cute cute_alt cute96"
+dgrad_narrow altorder pingpong pingpong64 cluster pingpong_cluster pingpong_wide pingpong_wide_cluster cute cute_alt cute96 cute96_pair cute_wgrad cute_wgrad_alt"
 KINDS=${MOEBLAZE_DEV_KINDS:-$ALL_KINDS}
 for k in $KINDS; do
   case " $(echo $ALL_KINDS) " in *" $k "*) ;; *) echo "gpu_run: unknown kind '$k' in MOEBLAZE_DEV_KINDS; kinds: $(echo $ALL_KINDS)" >&2; exit 2 ;; esac
@@ -369,6 +380,9 @@ kind_cases() {
     cute) echo "grad skew_gated aligned aligned_recompute_gated aligned_chunked fp32" ;;  # gated, d % 64 = 0, n % 128 = 0
     cute_alt) echo "skew_gated aligned aligned_recompute_gated aligned_chunked" ;;  # and n % 256 = 0 (its 256-wide down_wgrad)
     cute96) echo "grad skew_gated ragged aligned_recompute_gated chunked aligned_chunked" ;;  # gated; partial column tiles, n > d
+    cute96_pair) echo "grad skew_gated ragged aligned_recompute_gated chunked aligned_chunked" ;;  # and empty pair halves
+    cute_wgrad) echo "skew_gated aligned aligned_recompute_gated aligned_chunked fp32" ;;  # n % 128 = 0 (the pair's hg boxes)
+    cute_wgrad_alt) echo "skew_gated aligned aligned_recompute_gated aligned_chunked" ;;  # n % 256 = 0
   esac
 }
 
