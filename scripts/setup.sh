@@ -25,6 +25,12 @@ if ! python3 -c "import pytest" >/dev/null 2>&1; then
   echo "setup: installing pytest"
   python3 -m pip install -q pytest
 fi
+# nvdisasm for bench/sass.py (SASS read without a GPU; CTest "sass"): the nvidia-cuda-nvdisasm
+# package (PyPI), pinned.
+if ! python3 -c 'import sys; sys.path.insert(0, "bench"); import sass; sass.nvdisasm_path()' >/dev/null 2>&1; then
+  echo "setup: installing nvidia-cuda-nvdisasm 13.5.37"
+  python3 -m pip install -q --no-deps "nvidia-cuda-nvdisasm==13.5.37"
+fi
 # CUTLASS's C++ headers (CuTe) for the kernel layer: the nvidia-cutlass package (PyPI), headers
 # only (its Python dependencies are not needed). Pinned with the library
 # (runtime/toolchain.hpp kCutlassVersion, pyproject.toml).
