@@ -112,12 +112,17 @@ def loops(text: str, opcodes: list[str]) -> list[dict]:
 
 
 def cmd_cache(a) -> int:
+    if not Path(a.db).is_file():
+        raise SystemExit(f"sass: cache: {a.db}: no such file")
+    try:  # read-only: the cache is never written
+        con = sqlite3.connect(f"file:{a.db}?mode=ro", uri=True)
+        rows = con.execute("SELECT kernel_name, cubin FROM binaries WHERE kernel_name LIKE ? ORDER BY created",
+                           (a.kernel,)).fetchall()
+    except sqlite3.Error as e:
+        raise SystemExit(f"sass: cache: {a.db} is not a readable moeblaze cache ({e})")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     nv = nvdisasm_path(a.nvdisasm)
-    con = sqlite3.connect(f"file:{a.db}?mode=ro", uri=True)
-    rows = con.execute("SELECT kernel_name, cubin FROM binaries WHERE kernel_name LIKE ? ORDER BY created",
-                       (a.kernel,)).fetchall()
     if not rows:
         print(f"sass: no kernel in {a.db} matches {a.kernel!r}", file=sys.stderr)
         return 1
@@ -129,6 +134,8 @@ def cmd_cache(a) -> int:
 
 
 def cmd_quack(a) -> int:
+    if not Path(a.dir).is_dir():
+        raise SystemExit(f"sass: quack: {a.dir}: not a directory")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     nv = nvdisasm_path(a.nvdisasm)
@@ -143,12 +150,20 @@ def cmd_quack(a) -> int:
         name = re.search(r"\.text\.(\S+?):", text)
         stem.with_suffix(".sass").write_text(f"// {name.group(1) if name else '?'}\n{text}")
         n += 1
+    if not n:
+        print(f"sass: quack: no host object under {a.dir} embeds a cubin", file=sys.stderr)
+        return 1
     print(f"{n} QuACK kernels disassembled into {out}")
-    return 0 if n else 1
+    return 0
 
 
 def cmd_loops(a) -> int:
     opcodes = [o for o in a.opcodes.split(",") if o]
+    missing = [f for f in a.files if not Path(f).is_file()]
+    if missing:
+        raise SystemExit(f"sass: loops: no such file: {', '.join(missing)}")
+    if not opcodes:
+        raise SystemExit("sass: loops: --opcodes names no opcode")
     for f in a.files:
         print(f"== {f}")
         print("  instrs " + " ".join(f"{o:>7}" for o in opcodes))

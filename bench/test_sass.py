@@ -53,3 +53,19 @@ SASS = """
 def test_loops_are_backward_branches_with_their_opcodes():
     found = sass.loops(SASS, ["LDGSTS", "SHFL", "IMAD"])
     assert found == [{"start": 1, "end": 5, "length": 5, "LDGSTS": 2, "SHFL": 1, "IMAD": 1}]
+
+
+def test_bad_input_is_named_and_the_cache_untouched(tmp_path):
+    import pytest
+
+    with pytest.raises(SystemExit, match="no such file"):
+        sass.main(["cache", str(tmp_path / "missing.db"), "--kernel", "%", "--out", str(tmp_path / "o")])
+    not_a_cache = tmp_path / "other.db"
+    not_a_cache.write_bytes(b"not sqlite at all, " * 100)
+    with pytest.raises(SystemExit, match="not a readable moeblaze cache"):
+        sass.main(["cache", str(not_a_cache), "--kernel", "%", "--out", str(tmp_path / "o")])
+    assert not_a_cache.read_bytes() == b"not sqlite at all, " * 100
+    with pytest.raises(SystemExit, match="not a directory"):
+        sass.main(["quack", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")])
+    with pytest.raises(SystemExit, match="no such file"):
+        sass.main(["loops", str(tmp_path / "missing.sass")])
