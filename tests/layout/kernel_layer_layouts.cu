@@ -60,6 +60,12 @@ void check_cols_mn() {
         EXPECT_EQ(got, staging_offset(&s(mn, kk, st), stage_buf), "MN-major %d rows, thread %d k %d", ROWS, ptid, kk);
         for (int e = 1; e < 8; ++e)
           EXPECT_EQ(staging_offset(&s(mn + e, kk, st), stage_buf), got + 2 * e, "MN-major chunk contiguity");
+        // The row index of copy i comes by a shuffle from a lane of the same warp that loaded
+        // the index of k row kk.
+        const int lane = gather_cols_mn_row_lane<ROWS>(ptid, i);
+        EXPECT_EQ(lane >= 0 && lane < 32, true, "MN-major %d rows, thread %d copy %d: lane %d", ROWS, ptid, i, lane);
+        EXPECT_EQ(gather_cols_mn_index_row<ROWS>((ptid / 32) * 32 + lane), kk, "MN-major %d rows, thread %d: index of k row %d",
+                  ROWS, ptid, kk);
       }
 }
 

@@ -27,6 +27,19 @@ MB_HD constexpr uint32_t gather_cols_mn_offset(int ptid, int v) {
   return static_cast<uint32_t>((chunk / 8) * (64 * 128) + kk * 128 + (((chunk % 8) ^ (kk % 8)) * 16));
 }
 
+// The weight gradients' shared row indices (GatherColsMN): thread ptid loads the index of k row
+// gather_cols_mn_index_row(ptid) of each step, and takes copy i's row (k row ptid / CHUNKS +
+// K_GROUPS i) from lane gather_cols_mn_row_lane(ptid, i) of its warp.
+template <int ROWS>
+MB_HD constexpr int gather_cols_mn_index_row(int ptid) {
+  constexpr int CHUNKS = ROWS / 8, K_GROUPS = kGatherThreads / CHUNKS, PER = 64 / K_GROUPS;
+  return ptid / CHUNKS + K_GROUPS * ((ptid % CHUNKS) % PER);
+}
+template <int ROWS>
+MB_HD constexpr int gather_cols_mn_row_lane(int ptid, int i) {
+  return (ptid % 32) - ptid % (ROWS / 8) + i;
+}
+
 // K-major: tile row r < rows is row idx[r] of `base` (rows ld elements apart), k columns
 // [64 k, +64); rows at or past `rows` and columns at or past `limit` are zero-filled and read
 // nothing. Each thread copies one 16-byte column chunk of ROWS / 16 rows, 16 apart: the
@@ -90,8 +103,15 @@ struct GatherRowsK {
 // The stage is ROWS / 64 blocks of [64 k][64] in the 128-byte swizzle. Each thread copies one
 // 16-byte column chunk of 64 / K_GROUPS k rows, K_GROUPS apart: with K_GROUPS a multiple of 8 the
 // chunk's swizzled position is the same in all of them; with 4 (256-wide stages) it alternates
-// between two. The rows change every k step: a thread reads its next step's indices right after
-// issuing a step's copies, so their latency hides behind the wait for the next stage.
+// between two.
+//
+// The rows change every k step, and a step's copies cannot issue before its indices are in
+// registers: loaded one step ahead, an index load's L2 latency (several hundred cycles) paced
+// the producer whenever the consumers were waiting on it. So the indices are loaded AHEAD steps
+// ahead, and only once per group of threads that share them: the CHUNKS threads of a k-row group
+// (a whole warp, a half or a quarter: CHUNKS divides 32) need the same PER rows a step, so lane
+// i of the group loads the group's i-th row (modulo PER) and each copy takes its row by a
+// shuffle from that lane: one index load a thread a step instead of PER, AHEAD registers.
 struct GatherColsMN {
   static constexpr Major MAJOR = Major::mn;
   static constexpr bool GATHERED = true;
@@ -107,22 +127,20 @@ struct GatherColsMN {
     static constexpr int K_GROUPS = kGatherThreads / CHUNKS;  // threads per column chunk
     static constexpr int PER = 64 / K_GROUPS;                 // k rows a thread copies a step
     static constexpr int VARIANTS = K_GROUPS >= 8 ? 1 : 8 / K_GROUPS;  // swizzled positions
-    int row[PER];  // the next step's rows of `base` (-1: past the expert's slots)
-    int next_k;    // the step row[] belongs to
-    int kg;        // its first k row in a step
+    static constexpr int AHEAD = 3;  // steps whose indices are loaded (or in flight): k .. k + 2
+    int ahead[AHEAD];  // the lane's row of steps k, k + 1, ... (-1: past the expert's slots)
+    int lane_k_row;    // the k row (within a step) whose index the lane loads
+    int group_lane0;   // the first lane of its k-row group
     uint32_t dst[VARIANTS];  // byte offsets of its first copies in a stage
     const Element* at;       // base + its column
     bool col_ok;
   };
 
+  // The lane's index of step k (a load that only issues: the value is used AHEAD steps later).
   template <int ROWS>
-  MB_DEV void fetch(ThreadCopy<ROWS>& c, int k) const {
-    c.next_k = k;
-    CUTE_UNROLL
-    for (int i = 0; i < ThreadCopy<ROWS>::PER; ++i) {
-      const int r = 64 * k + c.kg + ThreadCopy<ROWS>::K_GROUPS * i;
-      c.row[i] = r < rows ? idx[r] : -1;
-    }
+  MB_DEV int lane_index(const ThreadCopy<ROWS>& c, int k) const {
+    const int r = 64 * k + c.lane_k_row;
+    return r < rows ? idx[r] : -1;
   }
 
   template <int ROWS>
@@ -130,27 +148,34 @@ struct GatherColsMN {
     using C = ThreadCopy<ROWS>;
     static_assert(ROWS % 64 == 0 && kGatherThreads % C::CHUNKS == 0 && 64 % C::K_GROUPS == 0 && 8 % C::VARIANTS == 0,
                   "whole 64-column blocks, the chunks split evenly over the threads");
+    static_assert(32 % C::CHUNKS == 0 && C::PER <= C::CHUNKS, "a k-row group is lanes of one warp, one per row");
     C c;
     const int chunk = ptid % C::CHUNKS;
-    c.kg = ptid / C::CHUNKS;
+    c.lane_k_row = gather_cols_mn_index_row<ROWS>(ptid);
+    c.group_lane0 = gather_cols_mn_row_lane<ROWS>(ptid, 0);
     // Block chunk / 8, k row kg + K_GROUPS v, its 16-byte column swizzled by the row modulo 8.
     CUTE_UNROLL
     for (int v = 0; v < C::VARIANTS; ++v) c.dst[v] = gather_cols_mn_offset<ROWS>(ptid, v);
     c.col_ok = col0 + chunk * 8 < limit;
     c.at = base + (col0 + chunk * 8);
-    fetch(c, 0);
+    CUTE_UNROLL
+    for (int a = 0; a < C::AHEAD; ++a) c.ahead[a] = lane_index(c, a);
     return c;
   }
 
+  // Step k's copies; steps come in order from 0 (the mainloop's k loop over one tile).
   template <int ROWS>
   MB_DEV void copy(ThreadCopy<ROWS>& c, int k, uint32_t stage) const {
     using C = ThreadCopy<ROWS>;
-    if (c.next_k != k) fetch(c, k);  // a tile's first step (fetched at its start) or a skipped one
     CUTE_UNROLL
-    for (int i = 0; i < C::PER; ++i)
+    for (int i = 0; i < C::PER; ++i) {
+      const int row = __shfl_sync(0xffffffffu, c.ahead[0], c.group_lane0 + i);  // gather_cols_mn_row_lane
       cp_async16(stage + c.dst[i % C::VARIANTS] + (i / C::VARIANTS) * (C::K_GROUPS * C::VARIANTS * 128u),
-                 c.at + static_cast<i64>(c.row[i] < 0 ? 0 : c.row[i]) * ld, c.col_ok && c.row[i] >= 0);
-    fetch(c, k + 1);
+                 c.at + static_cast<i64>(row < 0 ? 0 : row) * ld, c.col_ok && row >= 0);
+    }
+    CUTE_UNROLL
+    for (int a = 0; a + 1 < C::AHEAD; ++a) c.ahead[a] = c.ahead[a + 1];
+    c.ahead[C::AHEAD - 1] = lane_index(c, k + C::AHEAD);
   }
 };
 
