@@ -132,7 +132,7 @@ struct GatherColsMN {
     int lane_k_row;    // the k row (within a step) whose index the lane loads
     int group_lane0;   // the first lane of its k-row group
     uint32_t dst[VARIANTS];  // byte offsets of its first copies in a stage
-    const Element* at;       // base + its column
+    const char* at;          // base + its column (bytes: a copy's address is one IMAD.WIDE)
     bool col_ok;
   };
 
@@ -157,7 +157,10 @@ struct GatherColsMN {
     CUTE_UNROLL
     for (int v = 0; v < C::VARIANTS; ++v) c.dst[v] = gather_cols_mn_offset<ROWS>(ptid, v);
     c.col_ok = col0 + chunk * 8 < limit;
-    c.at = base + (col0 + chunk * 8);
+    c.at = reinterpret_cast<const char*>(base + (col0 + chunk * 8));
+    // Opaque to the compiler, which otherwise splits each address back into the kernel
+    // argument's base plus (row ld + column) 2: three instructions a copy instead of one.
+    asm volatile("mov.b64 %0, %0;\n" : "+l"(c.at));
     CUTE_UNROLL
     for (int a = 0; a < C::AHEAD; ++a) c.ahead[a] = lane_index(c, a);
     return c;
@@ -170,8 +173,9 @@ struct GatherColsMN {
     CUTE_UNROLL
     for (int i = 0; i < C::PER; ++i) {
       const int row = __shfl_sync(0xffffffffu, c.ahead[0], c.group_lane0 + i);  // gather_cols_mn_row_lane
+      // A missing row (-1) zero-fills: its address is formed but never read.
       cp_async16(stage + c.dst[i % C::VARIANTS] + (i / C::VARIANTS) * (C::K_GROUPS * C::VARIANTS * 128u),
-                 c.at + static_cast<i64>(row < 0 ? 0 : row) * ld, c.col_ok && row >= 0);
+                 c.at + static_cast<i64>(row) * (2 * ld), c.col_ok && row >= 0);
     }
     CUTE_UNROLL
     for (int a = 0; a + 1 < C::AHEAD; ++a) c.ahead[a] = c.ahead[a + 1];
