@@ -52,21 +52,20 @@ void check_cols_mn() {
   using C = GatherColsMN::ThreadCopy<ROWS>;
   Tensor s = make_tensor(make_smem_ptr(stage_buf), StageLayout<Major::mn, ROWS, 2>{});  // (mn, k, stage)
   for (int ptid = 0; ptid < kGatherThreads; ++ptid)
-    for (int i = 0; i < C::PER; ++i)
-      for (int st = 0; st < 2; ++st) {
-        const int kk = ptid / C::CHUNKS + C::K_GROUPS * i, mn = (ptid % C::CHUNKS) * 8;
-        const long long got = gather_cols_mn_offset<ROWS>(ptid, i % C::VARIANTS) +
-                              (i / C::VARIANTS) * (C::K_GROUPS * C::VARIANTS * 128) + st * ROWS * 128;
-        EXPECT_EQ(got, staging_offset(&s(mn, kk, st), stage_buf), "MN-major %d rows, thread %d k %d", ROWS, ptid, kk);
-        for (int e = 1; e < 8; ++e)
-          EXPECT_EQ(staging_offset(&s(mn + e, kk, st), stage_buf), got + 2 * e, "MN-major chunk contiguity");
-        // The row index of copy i comes by a shuffle from a lane of the same warp that loaded
-        // the index of k row kk.
-        const int lane = gather_cols_mn_row_lane<ROWS>(ptid, i);
-        EXPECT_EQ(lane >= 0 && lane < 32, true, "MN-major %d rows, thread %d copy %d: lane %d", ROWS, ptid, i, lane);
-        EXPECT_EQ(gather_cols_mn_index_row<ROWS>((ptid / 32) * 32 + lane), kk, "MN-major %d rows, thread %d: index of k row %d",
-                  ROWS, ptid, kk);
-      }
+    for (int j = 0; j < C::ROWS_PER; ++j)
+      for (int b = 0; b < C::BLOCKS; ++b)
+        for (int st = 0; st < 2; ++st) {
+          const int kk = ptid / 8 + 16 * j, mn = b * 64 + (ptid % 8) * 8;
+          const long long got = gather_cols_mn_offset(ptid) + j * 2048 + b * 8192 + st * ROWS * 128;
+          EXPECT_EQ(got, staging_offset(&s(mn, kk, st), stage_buf), "MN-major %d rows, thread %d k %d block %d", ROWS, ptid, kk, b);
+          for (int e = 1; e < 8; ++e)
+            EXPECT_EQ(staging_offset(&s(mn + e, kk, st), stage_buf), got + 2 * e, "MN-major chunk contiguity");
+          // Row j's index comes by a shuffle from a lane of the same warp that loaded the index
+          // of k row kk.
+          const int lane = gather_cols_mn_row_lane(ptid, j);
+          EXPECT_EQ(lane >= 0 && lane < 32, true, "MN-major thread %d row %d: lane %d", ptid, j, lane);
+          EXPECT_EQ(gather_cols_mn_index_row((ptid / 32) * 32 + lane), kk, "MN-major thread %d: index of k row %d", ptid, kk);
+        }
 }
 
 // The accumulator coordinates the epilogues rely on, for one tile config.

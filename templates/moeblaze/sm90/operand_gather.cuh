@@ -18,27 +18,19 @@ constexpr int kGatherThreads = 128;
 MB_HD constexpr uint32_t gather_rows_k_offset(int ptid) {
   return static_cast<uint32_t>((ptid / 8) * 128 + (((ptid % 8) ^ ((ptid / 8) % 8)) * 16));
 }
-// MN-major [64 k][ROWS] as ROWS / 64 blocks of [64][64]: thread ptid's chunk ptid % (ROWS / 8),
-// k row ptid / (ROWS / 8) + K_GROUPS v.
-template <int ROWS>
-MB_HD constexpr uint32_t gather_cols_mn_offset(int ptid, int v) {
-  constexpr int CHUNKS = ROWS / 8, K_GROUPS = kGatherThreads / CHUNKS;
-  const int chunk = ptid % CHUNKS, kk = ptid / CHUNKS + K_GROUPS * v;
-  return static_cast<uint32_t>((chunk / 8) * (64 * 128) + kk * 128 + (((chunk % 8) ^ (kk % 8)) * 16));
+// MN-major [64 k][ROWS] as ROWS / 64 blocks of [64][64] (GatherColsMN): thread ptid copies the
+// 16-byte chunk ptid % 8 of each block for the k rows ptid / 8 + 16 j, j < 4. Its copy (j, b)
+// lands gather_cols_mn_offset(ptid) + j 2048 + b 8192 bytes from the stage base: the 128-byte
+// swizzle XORs the chunk with the k row modulo 8, the same for all four rows.
+MB_HD constexpr uint32_t gather_cols_mn_offset(int ptid) {
+  const int chunk = ptid % 8, kk = ptid / 8;
+  return static_cast<uint32_t>(kk * 128 + ((chunk ^ (kk % 8)) * 16));
 }
-
-// The weight gradients' shared row indices (GatherColsMN): thread ptid loads the index of k row
-// gather_cols_mn_index_row(ptid) of each step, and takes copy i's row (k row ptid / CHUNKS +
-// K_GROUPS i) from lane gather_cols_mn_row_lane(ptid, i) of its warp.
-template <int ROWS>
-MB_HD constexpr int gather_cols_mn_index_row(int ptid) {
-  constexpr int CHUNKS = ROWS / 8, K_GROUPS = kGatherThreads / CHUNKS, PER = 64 / K_GROUPS;
-  return ptid / CHUNKS + K_GROUPS * ((ptid % CHUNKS) % PER);
-}
-template <int ROWS>
-MB_HD constexpr int gather_cols_mn_row_lane(int ptid, int i) {
-  return (ptid % 32) - ptid % (ROWS / 8) + i;
-}
+// Its four rows' indices: each lane loads the index of k row gather_cols_mn_index_row(ptid) of
+// a step, and takes row j's from lane gather_cols_mn_row_lane(ptid, j) of its warp (the eight
+// lanes of a k-row group share their rows).
+MB_HD constexpr int gather_cols_mn_index_row(int ptid) { return ptid / 8 + 16 * (ptid % 4); }
+MB_HD constexpr int gather_cols_mn_row_lane(int ptid, int j) { return (ptid % 32) - ptid % 8 + j; }
 
 // K-major: tile row r < rows is row idx[r] of `base` (rows ld elements apart), k columns
 // [64 k, +64); rows at or past `rows` and columns at or past `limit` are zero-filled and read
@@ -100,18 +92,15 @@ struct GatherRowsK {
 // MN-major, gathered along k (the weight gradients' reduction over an expert's slots): k row kk
 // of step k is row idx[64 k + kk] of `base` (a token's row of x or dy) when 64 k + kk < rows, else
 // zeros; its columns [col0, +ROWS) form the stage's MN extent (columns at or past `limit`: zeros).
-// The stage is ROWS / 64 blocks of [64 k][64] in the 128-byte swizzle. Each thread copies one
-// 16-byte column chunk of 64 / K_GROUPS k rows, K_GROUPS apart: with K_GROUPS a multiple of 8 the
-// chunk's swizzled position is the same in all of them; with 4 (256-wide stages) it alternates
-// between two.
+// The stage is ROWS / 64 blocks of [64 k][64] in the 128-byte swizzle.
 //
-// The rows change every k step, and a step's copies cannot issue before its indices are in
-// registers: loaded one step ahead, an index load's L2 latency (several hundred cycles) paced
-// the producer whenever the consumers were waiting on it. So the indices are loaded AHEAD steps
-// ahead, and only once per group of threads that share them: the CHUNKS threads of a k-row group
-// (a whole warp, a half or a quarter: CHUNKS divides 32) need the same PER rows a step, so lane
-// i of the group loads the group's i-th row (modulo PER) and each copy takes its row by a
-// shuffle from that lane: one index load a thread a step instead of PER, AHEAD registers.
+// QuACK's arrangement of the copies: each thread copies one 16-byte chunk position of every
+// 64-column block (ROWS / 64 copies a row, at fixed offsets from one address) for four k rows,
+// so a step costs a thread four row addresses whatever ROWS is (one chunk column a thread for 16
+// rows cost sixteen at 256 columns). The rows change every step, and a step's copies cannot
+// issue before its indices are in registers: the indices are loaded AHEAD steps ahead (an index
+// load's L2 latency off the producer's path), one load a lane, and reach the eight lanes that
+// share them by shuffles.
 struct GatherColsMN {
   static constexpr Major MAJOR = Major::mn;
   static constexpr bool GATHERED = true;
@@ -123,17 +112,16 @@ struct GatherColsMN {
 
   template <int ROWS>
   struct ThreadCopy {
-    static constexpr int CHUNKS = ROWS / 8;                   // 16-byte chunks of a k row
-    static constexpr int K_GROUPS = kGatherThreads / CHUNKS;  // threads per column chunk
-    static constexpr int PER = 64 / K_GROUPS;                 // k rows a thread copies a step
-    static constexpr int VARIANTS = K_GROUPS >= 8 ? 1 : 8 / K_GROUPS;  // swizzled positions
-    static constexpr int AHEAD = 3;  // steps whose indices are loaded (or in flight): k .. k + 2
-    int ahead[AHEAD];  // the lane's row of steps k, k + 1, ... (-1: past the expert's slots)
-    int lane_k_row;    // the k row (within a step) whose index the lane loads
-    int group_lane0;   // the first lane of its k-row group
-    uint32_t dst[VARIANTS];  // byte offsets of its first copies in a stage
-    const char* at;          // base + its column (bytes: a copy's address is one IMAD.WIDE)
-    bool col_ok;
+    static constexpr int BLOCKS = ROWS / 64;  // 64-column blocks: copies a row
+    static constexpr int ROWS_PER = 4;        // k rows a thread copies a step (16 apart)
+    static constexpr int AHEAD = 3;           // steps whose indices are loaded (or in flight)
+    int ahead[AHEAD];   // the lane's index of steps k, k + 1, ... (-1: past the expert's slots)
+    int lane_k_row;     // the k row (within a step) whose index the lane loads
+    int group_lane0;    // the first lane of its k-row group
+    uint32_t dst;       // byte offset of its first copy in a stage
+    const char* at;     // base + its column (bytes: a row's address is one IMAD.WIDE)
+    bool col_ok[BLOCKS];
+    bool all_cols;      // every block inside the columns (the same for the tile's threads)
   };
 
   // The lane's index of step k (a load that only issues: the value is used AHEAD steps later).
@@ -146,20 +134,18 @@ struct GatherColsMN {
   template <int ROWS>
   MB_DEV ThreadCopy<ROWS> thread_copy(int ptid) const {
     using C = ThreadCopy<ROWS>;
-    static_assert(ROWS % 64 == 0 && kGatherThreads % C::CHUNKS == 0 && 64 % C::K_GROUPS == 0 && 8 % C::VARIANTS == 0,
-                  "whole 64-column blocks, the chunks split evenly over the threads");
-    static_assert(32 % C::CHUNKS == 0 && C::PER <= C::CHUNKS, "a k-row group is lanes of one warp, one per row");
+    static_assert(ROWS % 64 == 0 && kGatherThreads == 128, "whole 64-column blocks; 16 k-row groups of 8 threads");
     C c;
-    const int chunk = ptid % C::CHUNKS;
-    c.lane_k_row = gather_cols_mn_index_row<ROWS>(ptid);
-    c.group_lane0 = gather_cols_mn_row_lane<ROWS>(ptid, 0);
-    // Block chunk / 8, k row kg + K_GROUPS v, its 16-byte column swizzled by the row modulo 8.
+    const int col = (ptid % 8) * 8;
+    c.lane_k_row = gather_cols_mn_index_row(ptid);
+    c.group_lane0 = gather_cols_mn_row_lane(ptid, 0);
+    c.dst = gather_cols_mn_offset(ptid);
     CUTE_UNROLL
-    for (int v = 0; v < C::VARIANTS; ++v) c.dst[v] = gather_cols_mn_offset<ROWS>(ptid, v);
-    c.col_ok = col0 + chunk * 8 < limit;
-    c.at = reinterpret_cast<const char*>(base + (col0 + chunk * 8));
+    for (int b = 0; b < C::BLOCKS; ++b) c.col_ok[b] = col0 + b * 64 + col < limit;
+    c.all_cols = col0 + ROWS <= limit;
+    c.at = reinterpret_cast<const char*>(base + (col0 + col));
     // Opaque to the compiler, which otherwise splits each address back into the kernel
-    // argument's base plus (row ld + column) 2: three instructions a copy instead of one.
+    // argument's base plus (row ld + column) 2: three instructions a row instead of one.
     asm volatile("mov.b64 %0, %0;\n" : "+l"(c.at));
     CUTE_UNROLL
     for (int a = 0; a < C::AHEAD; ++a) c.ahead[a] = lane_index(c, a);
@@ -170,13 +156,20 @@ struct GatherColsMN {
   template <int ROWS>
   MB_DEV void copy(ThreadCopy<ROWS>& c, int k, uint32_t stage) const {
     using C = ThreadCopy<ROWS>;
-    CUTE_UNROLL
-    for (int i = 0; i < C::PER; ++i) {
-      const int row = __shfl_sync(0xffffffffu, c.ahead[0], c.group_lane0 + i);  // gather_cols_mn_row_lane
-      // A missing row (-1) zero-fills: its address is formed but never read.
-      cp_async16(stage + c.dst[i % C::VARIANTS] + (i / C::VARIANTS) * (C::K_GROUPS * C::VARIANTS * 128u),
-                 c.at + static_cast<i64>(row) * (2 * ld), c.col_ok && row >= 0);
-    }
+    // A missing row (-1) zero-fills: its address is formed but never read. So do chunks past
+    // the columns; a tile inside them (all but a last column tile) tests its rows alone.
+    auto rows_copy = [&](auto col_ok) {
+      CUTE_UNROLL
+      for (int j = 0; j < C::ROWS_PER; ++j) {
+        const int row = __shfl_sync(0xffffffffu, c.ahead[0], c.group_lane0 + j);  // gather_cols_mn_row_lane
+        const char* src = c.at + static_cast<i64>(row) * (2 * ld);
+        CUTE_UNROLL
+        for (int b = 0; b < C::BLOCKS; ++b)
+          cp_async16_unless_negative(stage + c.dst + j * 2048u + b * 8192u, src + b * 128, col_ok(b) ? row : -1);
+      }
+    };
+    if (c.all_cols) rows_copy([](int) { return true; });
+    else rows_copy([&](int b) { return c.col_ok[b]; });
     CUTE_UNROLL
     for (int a = 0; a + 1 < C::AHEAD; ++a) c.ahead[a] = c.ahead[a + 1];
     c.ahead[C::AHEAD - 1] = lane_index(c, k + C::AHEAD);
