@@ -37,10 +37,9 @@ MB_HD constexpr int gather_cols_mn_row_lane(int ptid, int j) { return (ptid % 32
 // nothing. Each thread copies one 16-byte column chunk of ROWS / 16 rows, 16 apart: the
 // 128-byte swizzle repeats every 8 rows of 128 bytes, so the chunk's swizzled position is the
 // same in all of them and each copy lands at a constant offset from the stage base. A thread
-// keeps its rows' indices (32-bit, -1 for a missing row) and one opaque byte pointer to its
-// column, so that a copy is a compare (cp.async's ignore-src predicate), one IMAD.WIDE and the
-// LDGSTS; a step whose columns are all inside the matrix (all but a ragged last one) tests the
-// rows alone.
+// keeps its rows' indices (32-bit: one IMAD.WIDE a copy makes the address; 64-bit row pointers
+// spilled the producer's 40 registers). A tile's rows that exist are a prefix, so it keeps only
+// how many of its own do: one compare a copy and no address select (QuACK's gather).
 struct GatherRowsK {
   static constexpr Major MAJOR = Major::k;
   static constexpr bool GATHERED = true;
@@ -53,10 +52,10 @@ struct GatherRowsK {
   template <int ROWS>
   struct ThreadCopy {
     static constexpr int PER = ROWS / 16;
-    int row[PER];    // the thread's rows of `base` (-1: missing, never read)
+    int row[PER];    // the thread's rows of `base` (a missing row: 0, never read)
+    int exist;       // how many of them exist
     uint32_t dst;    // byte offset of its first copy in a stage
     int col;
-    const char* at;  // base + its column, in bytes
   };
 
   template <int ROWS>
@@ -66,14 +65,13 @@ struct GatherRowsK {
     const int r0 = ptid / 8, chunk = ptid % 8;
     c.col = chunk * 8;
     c.dst = gather_rows_k_offset(ptid);
-    c.at = reinterpret_cast<const char*>(base + c.col);
-    // Opaque to the compiler, which otherwise splits each address back into the kernel
-    // argument's base plus (row ld + column) 2.
-    asm volatile("mov.b64 %0, %0;\n" : "+l"(c.at));
+    c.exist = 0;
     CUTE_UNROLL
     for (int i = 0; i < ThreadCopy<ROWS>::PER; ++i) {
       const int r = r0 + 16 * i;
-      c.row[i] = r < rows ? idx[r] : -1;
+      const bool ok = r < rows;
+      c.row[i] = ok ? idx[r] : 0;
+      if (ok) c.exist = i + 1;
     }
     return c;
   }
@@ -82,15 +80,12 @@ struct GatherRowsK {
   template <int ROWS>
   MB_DEV void copy(ThreadCopy<ROWS>& c, int k, uint32_t stage) const {
     const int k0 = k * 64;
-    const char* at = c.at + k0 * 2;
+    const bool col_ok = k0 + c.col < limit;
+    const Element* at = base + (k0 + c.col);
     const uint32_t dst = stage + c.dst;
-    auto rows_copy = [&](bool col_ok) {
-      CUTE_UNROLL
-      for (int i = 0; i < ThreadCopy<ROWS>::PER; ++i)
-        cp_async16_unless_negative(dst + i * 2048u, at + static_cast<i64>(c.row[i]) * (2 * ld), col_ok ? c.row[i] : -1);
-    };
-    if (k0 + 64 <= limit) rows_copy(true);
-    else rows_copy(k0 + c.col < limit);
+    CUTE_UNROLL
+    for (int i = 0; i < ThreadCopy<ROWS>::PER; ++i)
+      cp_async16(dst + i * 2048u, at + static_cast<i64>(c.row[i]) * ld, col_ok && i < c.exist);
   }
 };
 
