@@ -315,8 +315,6 @@ kind_tiles() {
     cute_wgrad_alt)
       local s=_tmacontig_tmastore
       echo "--tile down_wgrad=128x256x64_w8x1_s4_persist${s}_cute --tile gate_up_wgrad=256x128x64_w8x1_s3_persist${s}_cute" ;;
-    # down_dgrad's pair: each block gathers its dy rows, W2's stages multicast.
-    cute_dgrad_pair) echo "--tile down_dgrad=128x128x64_w4x1_s4_pingpong_tmacontig_tmastore_cluster2x1_cute" ;;
     cute_alt)
       local s=_tmacontig_tmastore
       local t="--tile gate_up=128x64x64_w8x1_s5_persist${s}_cute --tile down_proj=128x256x64_w8x1_s3_persist${s}_cute"
@@ -325,7 +323,7 @@ kind_tiles() {
   esac
 }
 ALL_KINDS="wgmma ws persist tma_fwd tma_wgrad tma_dgrad bn192 bn_narrow bn_narrow_wide bn224 tmastore tmastore_small slot_tmastore tmastore64 directarrive wgrad256 dgrad_wide
-dgrad_narrow altorder pingpong pingpong64 cluster pingpong_cluster pingpong_wide pingpong_wide_cluster cute cute_alt cute96 cute96_pair cute_wgrad cute_wgrad_alt cute_dgrad_pair"
+dgrad_narrow altorder pingpong pingpong64 cluster pingpong_cluster pingpong_wide pingpong_wide_cluster cute cute_alt cute96 cute96_pair cute_wgrad cute_wgrad_alt"
 KINDS=${MOEBLAZE_DEV_KINDS:-$ALL_KINDS}
 for k in $KINDS; do
   case " $(echo $ALL_KINDS) " in *" $k "*) ;; *) echo "gpu_run: unknown kind '$k' in MOEBLAZE_DEV_KINDS; kinds: $(echo $ALL_KINDS)" >&2; exit 2 ;; esac
@@ -385,7 +383,6 @@ kind_cases() {
     cute96_pair) echo "grad skew_gated ragged aligned_recompute_gated chunked aligned_chunked" ;;  # and empty pair halves
     cute_wgrad) echo "skew_gated aligned aligned_recompute_gated aligned_chunked fp32" ;;  # n % 128 = 0 (the pair's hg boxes)
     cute_wgrad_alt) echo "skew_gated aligned aligned_recompute_gated aligned_chunked" ;;  # n % 256 = 0
-    cute_dgrad_pair) echo "grad skew_gated aligned aligned_recompute_gated aligned_chunked" ;;  # d % 64 = 0; empty pair halves
   esac
 }
 

@@ -1022,8 +1022,8 @@ TEST_CASE("generator: the kernel layer (_cute) runs the six expert GEMMs on one 
   const TileConfig wgrad_pair = cute_tile(wgmma_tile(256, 128, 3, Mainloop::persistent), 2);
   CHECK(why(KernelFamily::down_wgrad, q, wgrad_pair).empty());
   CHECK(why(KernelFamily::gate_up_wgrad, q, wgrad_pair).find("cluster pairs") != std::string::npos);
-  // down_dgrad's pair: each block gathers its dy rows, W2's stages multicast.
-  CHECK(why(KernelFamily::down_dgrad, q, cute_tile(pingpong_tile(128, 128, 4), 2)).empty());
+  // down_dgrad's pair faulted on an H100 (illegal address on three suite shapes): refused.
+  CHECK(why(KernelFamily::down_dgrad, q, cute_tile(pingpong_tile(128, 128, 4), 2)).find("cluster pairs") != std::string::npos);
   CHECK(why(KernelFamily::down_wgrad, q, cute_tile(wgmma_tile(128, 64, 5, Mainloop::persistent), 2)).find("bn 128 or 256") !=
         std::string::npos);
   CHECK(why(KernelFamily::down_dgrad, q, cute_tile(pingpong_tile(128, 128, 5), 1)).find("shared memory") != std::string::npos);
@@ -1057,8 +1057,8 @@ TEST_CASE("generator: the kernel layer (_cute) runs the six expert GEMMs on one 
   CHECK(generate(spec(KernelFamily::down_proj, ds, default_tile(KernelFamily::down_proj, ds, Arch::sm_90a))).source.needs_cutlass);
 
   // Every family, ping-pong and cooperative, and the cluster pairs of the families whose B comes
-  // by TMA alone (each kernel-layer kernel compiles for tens of seconds on two cores: a few tiles
-  // each).
+  // by TMA alone (each
+  // kernel-layer kernel compiles for tens of seconds on two cores: a few tiles each).
   const TileConfig coop = cute_tile(wgmma_tile(128, 256, 3, Mainloop::persistent), 1);
   std::vector<KernelSpec> specs = {
       spec(KernelFamily::gate_up, q, gu),
@@ -1071,7 +1071,6 @@ TEST_CASE("generator: the kernel layer (_cute) runs the six expert GEMMs on one 
       // gpt-oss-20b's n = 2880: a last column tile of 64, whose H loads issue the boxes that start
       // inside n only (a box starting past it faulted on the GPU: sm90/staging.cuh live_boxes)
       spec(KernelFamily::down_dgrad, find_preset("gpt-oss-20b").layer, dd),
-      spec(KernelFamily::down_dgrad, q, cute_tile(pingpong_tile(128, 128, 4), 2)),  // a pair: W2 multicast
       spec(KernelFamily::down_wgrad, q, wg),
       // QuACK's down_wgrad tile: 256 gathered dy columns a block, hg's stages multicast in a pair
       spec(KernelFamily::down_wgrad, q, cute_tile(wgmma_tile(256, 128, 3, Mainloop::persistent), 2)),
