@@ -53,7 +53,7 @@ Command tune_command() {
     std::vector<long long> tokens;
     std::string db, routing = "router", baseline_out;
     double budget = 300;
-    int samples = 10, candidates = 12;
+    int samples = 10, candidates = 12, widen = 2;
     bool json = false, quiet = false;
   };
   auto st = std::make_shared<State>();
@@ -68,6 +68,10 @@ Command tune_command() {
     st->app->add_option("--samples", st->samples, "timed samples per candidate (>= 10)")->capture_default_str();
     st->app->add_option("--candidates", st->candidates,
                         "candidates per kernel family (plus the default tile of each token count, if the cut left it out)")
+        ->capture_default_str();
+    st->app->add_option("--widen", st->widen,
+                        "rounds of the winner's neighbours (the kernel layer's space) timed after each family's first "
+                        "timing, while the budget lasts; 0: none")
         ->capture_default_str();
     st->app->add_option("--baseline-out", st->baseline_out, "write the tuned kernels' timings as a regress baseline (JSON)");
     st->app->add_flag("--json", st->json, "machine-readable report on stdout");
@@ -93,6 +97,8 @@ Command tune_command() {
     o.budget_s = st->budget;
     o.samples = st->samples;
     o.candidates_per_family = st->candidates;
+    require_in_range(st->widen, 0, 16, "--widen");
+    o.widen_rounds = st->widen;
     // Progress goes to stderr, so it stays with --json (stdout holds only the report).
     o.progress = progress_printer(st->quiet);
     // Checked before minutes of compiling: the baseline is timed on a GPU.
@@ -115,7 +121,8 @@ Command tune_command() {
       for (const auto& f : r.families)
         j["families"].push_back({{"family", f.family}, {"bucket", f.token_bucket}, {"winner", f.winner},
                                  {"winner_ms", f.winner_ms}, {"default", f.default_tile}, {"default_ms", f.default_ms},
-                                 {"candidates", f.candidates}, {"failures", f.failures}, {"note", f.note}});
+                                 {"candidates", f.candidates}, {"widened", f.widened}, {"failures", f.failures},
+                                 {"note", f.note}});
       emit_json(j);
     } else {
       fmt::print("{} into {}\n", r.layer, cache.path());

@@ -76,5 +76,6 @@ Command regress_command();
 Command bench_command();
 Command plan_command();
 Command cache_command();
+Command space_command();
 
 }  // namespace moeblaze::cli

@@ -164,31 +164,4 @@ TileConfig kernel_layer_tile(int bm, int bn, int stages, Mainloop schedule, int 
   return t;
 }
 
-std::vector<TileConfig> kernel_layer_candidates(KernelFamily f) {
-  const Mainloop pp = Mainloop::pingpong, coop = Mainloop::persistent;
-  switch (f) {
-    // QuACK's 128 x (2 x 96) and its pair (W1 | W3 multicast, a map per block); 128 x (2 x 64):
-    // W1 and W3 tiles of 64 rows stacked; the staging holds H, then h.
-    case KernelFamily::gate_up:
-      return {kernel_layer_tile(128, 96, 4, pp), kernel_layer_tile(128, 96, 4, pp, 2), kernel_layer_tile(128, 64, 5, pp),
-              kernel_layer_tile(128, 64, 5, coop)};
-    // SonicMoE's tile (128 x 128 ping-pong), its pair, and the cooperative 128 x 256.
-    case KernelFamily::down_proj:
-    case KernelFamily::gate_up_dgrad:
-      return {kernel_layer_tile(128, 128, 6, pp), kernel_layer_tile(128, 256, 3, coop), kernel_layer_tile(128, 128, 6, pp, 2)};
-    // Three staging tiles (H's A and B, hg) leave room for four stages at 128 x 128.
-    case KernelFamily::down_dgrad: return {kernel_layer_tile(128, 128, 4, pp), kernel_layer_tile(128, 128, 4, coop)};
-    // The weight gradients' two staging blocks leave room for four stages at 128 x 256. 256 rows
-    // gather 128 columns a stage (gate_up_wgrad: half the cp.async bytes an output element);
-    // down_wgrad's 256-row pair is QuACK's tile (each block gathers its dy, hg multicast).
-    case KernelFamily::down_wgrad:
-      return {kernel_layer_tile(128, 256, 4, coop), kernel_layer_tile(128, 128, 5, coop), kernel_layer_tile(128, 256, 3, coop),
-              kernel_layer_tile(256, 128, 3, coop, 2), kernel_layer_tile(128, 128, 6, pp)};
-    case KernelFamily::gate_up_wgrad:
-      return {kernel_layer_tile(128, 256, 4, coop), kernel_layer_tile(256, 128, 3, coop), kernel_layer_tile(128, 128, 5, coop),
-              kernel_layer_tile(128, 256, 3, coop), kernel_layer_tile(128, 128, 6, pp)};
-    default: return {};
-  }
-}
-
 }  // namespace moeblaze

@@ -37,8 +37,5 @@ std::string kernel_layer_template_arguments(const KernelSpec& spec);
 // A kernel-layer tile: bm x bn (gate_up: bn a part), `stages` deep, ping-pong or cooperative
 // (Mainloop::pingpong / persistent), alone or as a pair along M.
 TileConfig kernel_layer_tile(int bm, int bn, int stages, Mainloop schedule, int cluster_m = 1);
-// The family's kernel-layer tiles worth timing, most promising first (legal or not for a given
-// layer: the tuner drops what legality_problem refuses).
-std::vector<TileConfig> kernel_layer_candidates(KernelFamily f);
 
 }  // namespace moeblaze

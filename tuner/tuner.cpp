@@ -11,7 +11,9 @@
 
 #include "candidates.hpp"
 #include "core/bf16.hpp"
+#include "generator/cost_model.hpp"
 #include "generator/heuristics.hpp"
+#include "generator/tile_space.hpp"
 #include "runtime/cache_keys.hpp"
 #include "runtime/kernel_loader.hpp"
 #include "runtime/kernel_timer.hpp"
@@ -39,10 +41,11 @@ using Candidates = std::map<KernelFamily, std::vector<Candidate>>;
 // The candidate tiles of every tunable family. Each T is timed against what the runtime
 // runs untuned at that T (the weight gradients' default depends on it): that tile is a
 // candidate even where the list was cut before it.
-std::vector<Candidate> list_candidates(const TuneOptions& o, const LayerConfig& layer, Arch arch) {
+std::vector<Candidate> list_candidates(const TuneOptions& o, const LayerConfig& layer, Arch arch,
+                                       const DeviceModel& model) {
   std::vector<Candidate> flat;
   for (KernelFamily f : tunable_families(layer)) {
-    std::vector<TileConfig> tiles = tile_candidates(f, layer, arch, o.candidates_per_family);
+    std::vector<TileConfig> tiles = tile_candidates(f, layer, arch, o.candidates_per_family, o.tokens.front(), model);
     for (int64_t T : o.tokens) {
       const TileConfig def = default_tile(f, layer, arch, T);
       if (std::find(tiles.begin(), tiles.end(), def) == tiles.end()) tiles.push_back(def);
@@ -246,11 +249,12 @@ class TokenRun {
 
 // Loads each built candidate into the default set and checks its outputs against the
 // default's before it may be timed; a failure is recorded on the candidate.
-std::vector<std::unique_ptr<MoeLayer>> load_and_check(TokenRun& run, KernelFamily f, std::vector<Candidate>& cs,
-                                                      KernelCache& cache, const Say& say) {
+// Candidates before `first` keep the layers they have.
+void load_and_check(TokenRun& run, KernelFamily f, std::vector<Candidate>& cs, KernelCache& cache, const Say& say,
+                    std::vector<std::unique_ptr<MoeLayer>>& layers, size_t first = 0) {
   const bool fwd = is_forward_family(f);
-  std::vector<std::unique_ptr<MoeLayer>> layers(cs.size());
-  for (size_t i = 0; i < cs.size(); ++i) {
+  layers.resize(cs.size());
+  for (size_t i = first; i < cs.size(); ++i) {
     Candidate& c = cs[i];
     if (!c.built) continue;
     try {
@@ -285,7 +289,6 @@ std::vector<std::unique_ptr<MoeLayer>> load_and_check(TokenRun& run, KernelFamil
                       i == 0 ? " (the default)" : "", c.failure),
           false);
   }
-  return layers;
 }
 
 // Interleaved timing: every sample visits every live candidate once (this T's samples
@@ -316,6 +319,8 @@ bool record_and_pick(const TuningKey& key, std::vector<Candidate>& cs,
   std::vector<Measurement> ms;
   int best = -1;
   Stats best_stats, def_stats;
+  ft.failures = 0;
+  ft.candidates = static_cast<int>(cs.size());
   for (size_t i = 0; i < cs.size(); ++i) {
     Measurement m;
     m.key = key;
@@ -375,6 +380,30 @@ bool record_and_pick(const TuningKey& key, std::vector<Candidate>& cs,
                           : fmt::format("      {:<28} {:>9}     {}", m->config, m->status, m->detail),
         false);
   return true;
+}
+
+// ---- step 3b: widening around the winner ----------------------------------------------
+
+// How much slower than the winner the cost model may predict a neighbour and still have it
+// timed: the model's median error on measured kernels is about this (bench/fit_cost_model.py).
+constexpr double kWidenModelMargin = 0.15;
+
+// Appends up to widen_per_round of the winner's neighbours not yet listed, the model's
+// favourites first, leaving out those it predicts slower than the winner by more than its
+// margin. Returns false when none is left.
+bool add_neighbours(const TuneOptions& o, KernelFamily f, const LayerConfig& layer, int64_t T, Arch arch,
+                    const DeviceModel& model, const std::string& winner, std::vector<Candidate>& cs) {
+  if (!has_cost_model(f) || o.widen_per_round <= 0) return false;
+  const TileConfig best = TileConfig::parse(winner);
+  const double best_us = predicted_us(KernelSpec{f, layer, best, arch}, T, model);
+  int added = 0;
+  for (const RankedTile& r : neighbour_tiles(best, f, layer, T, arch, model)) {
+    if (added >= o.widen_per_round || r.predicted_us > best_us * (1 + kWidenModelMargin)) break;
+    if (std::any_of(cs.begin(), cs.end(), [&](const Candidate& c) { return c.spec.tile == r.tile; })) continue;
+    cs.push_back(Candidate{KernelSpec{f, layer, r.tile, arch}, std::nullopt, "", "", {}});
+    ++added;
+  }
+  return added > 0;
 }
 
 // ---- step 4, per token count: the whole step, default against tuned ------------------
@@ -453,7 +482,8 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
     rep.device = device_fingerprint(ctx->info());
   }
 
-  std::vector<Candidate> flat = list_candidates(o, layer, arch);
+  const DeviceModel model = gpu ? device_model_for(ctx->info().name, ctx->info().sm_count) : DeviceModel{};
+  std::vector<Candidate> flat = list_candidates(o, layer, arch, model);
   say(fmt::format("compiling {} candidates of {} families for {} ({})", flat.size(), tunable_families(layer).size(),
                   rep.layer, to_string(arch)),
       false);
@@ -497,9 +527,29 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
         rep.families.push_back(ft);
         continue;
       }
-      const auto layers = load_and_check(run, f, cs, cache, say);
+      std::vector<std::unique_ptr<MoeLayer>> layers;
+      load_and_check(run, f, cs, cache, say, layers);
       time_candidates(run, f, cs, layers, o.samples, say);
-      record_and_pick(tuning_key(f, layer, bucket, rep.device, rep.policy), cs, layers, cache, ft, say);
+      const TuningKey key = tuning_key(f, layer, bucket, rep.device, rep.policy);
+      bool picked = record_and_pick(key, cs, layers, cache, ft, say);
+      // Widening: the winner's neighbours in the kernel layer's space, while the budget lasts.
+      for (int round = 0; picked && round < o.widen_rounds && seconds_since(t_timing) <= o.budget_s; ++round) {
+        const size_t first = cs.size();
+        if (!add_neighbours(o, f, layer, T, arch, model, ft.winner, cs)) break;
+        say(fmt::format("  {:<14} widening round {}: {} neighbours of {}", ft.family, round + 1, cs.size() - first,
+                        ft.winner),
+            false);
+        std::vector<Candidate> fresh(std::make_move_iterator(cs.begin() + first), std::make_move_iterator(cs.end()));
+        cs.resize(first);
+        build_candidates(fresh, cache, rep, say);
+        for (auto& c : fresh) cs.push_back(std::move(c));
+        ft.widened += static_cast<int>(cs.size() - first);
+        const std::string before = ft.winner;
+        load_and_check(run, f, cs, cache, say, layers, first);
+        time_candidates(run, f, cs, layers, o.samples, say);
+        picked = record_and_pick(key, cs, layers, cache, ft, say);
+        if (ft.winner == before) break;  // the neighbours did not win: the model has no better lead
+      }
       rep.families.push_back(ft);
     }
     time_step(run, layer, dev, cache, T, o.samples, rep, say);

@@ -23,6 +23,11 @@ struct TuneOptions {
   int samples = 10;                 // timed samples per candidate (at least 10)
   double warmup_ms = 200;           // warm-up by time before measuring
   int candidates_per_family = 12;  // plus each T's default tile where this cut leaves it out
+  // After a family's first timing, rounds of the winner's neighbours in the kernel layer's space
+  // (generator/tile_space.hpp), compiled and timed beside the candidates so far, while the
+  // budget lasts, the winner changes and the cost model gives a neighbour a chance.
+  int widen_rounds = 2;
+  int widen_per_round = 4;
   uint64_t seed = 7;
   std::function<void(const std::string& line, bool transient)> progress;  // transient: may be overwritten
 };
@@ -32,6 +37,7 @@ struct FamilyTuning {
   int64_t token_bucket = 0;
   double winner_ms = 0, winner_spread = 0, default_ms = 0, default_spread = 0;
   int candidates = 0, failures = 0;
+  int widened = 0;  // candidates the widening rounds added
   bool measured = false;
   std::string note;
 };

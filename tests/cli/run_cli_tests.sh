@@ -28,7 +28,7 @@ SMALL="-E 8 -K 2 -d 64 -n 64"
 
 # ---- help and version -------------------------------------------------------------------
 check "help" 0 "generate" "$BIN" --help
-for c in presets generate plan forward-check grad-check tune bench regress cache; do
+for c in presets generate plan space forward-check grad-check tune bench regress cache; do
   check "$c --help" 0 "Usage|Options" "$BIN" "$c" --help
 done
 for c in list show export import verify gc; do
@@ -58,6 +58,18 @@ check "generate --ptx-dir under a file" 2 "--ptx-dir: .*not a folder" "$BIN" gen
 check "generate bad tile" 2 "tile: .*bm/16 x 1 warps" "$BIN" generate $SMALL --tile down_wgrad=128x128x64_w2x4_s3_wgmma
 check "generate malformed tile" 2 "--tile: .*not of the form" "$BIN" generate $SMALL --tile gate_up=big
 check "plan" 0 "recompute +held +3.0 MiB" "$BIN" plan --preset qwen3-30b-a3b
+# space: the kernel layer's tile space, ranked by the cost model; bad input named
+check "space" 0 "gate_up: 672 points, [0-9]+ legal" "$BIN" space --preset qwen3-30b-a3b --top 3
+check "space refused" 0 "refused +[0-9]+: ping-pong tiles have bm 64 or 128" "$BIN" space --preset qwen3-30b-a3b --family down_proj --refused
+check "space json" 0 '"predicted_us"' "$BIN" space --preset qwen3-30b-a3b --family gate_up --json
+check "space bad family" 2 "family.*router_logits has no tile space" "$BIN" space --preset qwen3-30b-a3b --family router_logits
+check "space bad device" 2 "device.*'a100' is not a device model" "$BIN" space --preset qwen3-30b-a3b --device a100
+check "space bad top" 2 "top.*0 is not in" "$BIN" space --preset qwen3-30b-a3b --top 0
+check "space terms missing file" 2 "terms" "$BIN" space --terms "$TMP/none.json"
+echo '[{"E": 8, "K": 2, "d": 512, "n": 256, "T": 512, "family": "nope", "tile": "x"}]' > "$TMP/terms.json"
+check "space terms bad row" 2 "terms.*row 0" "$BIN" space --terms "$TMP/terms.json"
+echo '[{"E": 8, "K": 2, "d": 512, "n": 256, "T": 512, "family": "down_proj", "tile": "128x128x64_w4x1_s4_pingpong_tmacontig_tmastore_cute"}]' > "$TMP/terms.json"
+check "space terms" 0 '"mainloop_us"' "$BIN" space --terms "$TMP/terms.json"
 check "plan json" 0 '"h_floor_bytes": 805306368' "$BIN" plan --preset qwen3-30b-a3b --json
 
 # ---- bad input ----------------------------------------------------------------------------

@@ -19,8 +19,10 @@
 #include "cpu/temp_dir.hpp"
 #include "core/errors.hpp"
 #include "core/hash.hpp"
-#include "generator/kernel_layer.hpp"
+#include "generator/cost_model.hpp"
 #include "generator/heuristics.hpp"
+#include "generator/kernel_layer.hpp"
+#include "generator/tile_space.hpp"
 #include "runtime/cache_keys.hpp"
 #include "runtime/kernel_loader.hpp"
 #include "runtime/nvrtc_compiler.hpp"
@@ -77,24 +79,39 @@ TEST_CASE("tuner: candidates are legal, unique, default first") {
   CHECK(tunable_families(l).size() == 9);  // 6 expert GEMMs + 3 router GEMMs
 }
 
-TEST_CASE("tuner: a default tune's candidates span the tile kinds; persistent tiles only for expert GEMMs") {
+TEST_CASE("tuner: the expert GEMMs' candidates are the default, then the kernel layer's space as the cost model ranks it; the router GEMMs' span the tile kinds") {
   const LayerConfig l = find_preset("mixtral-8x7b").layer;
+  const int64_t T = find_preset("mixtral-8x7b").tokens;
   for (KernelFamily f : tunable_families(l)) {
     INFO(to_string(f));
-    const auto c = tile_candidates(f, l, Arch::sm_90a, TuneOptions{}.candidates_per_family);
-    bool multistage = false, ws = false, persistent = false, tma = false, alt_order = false;
+    const auto c = tile_candidates(f, l, Arch::sm_90a, TuneOptions{}.candidates_per_family, T);
+    REQUIRE(c.size() >= 2);
+    CHECK(c.front() == default_tile(f, l, Arch::sm_90a, T));
+    if (has_cost_model(f)) {
+      // After the default: the ranked space's first picks in its order, one a predicted time
+      // (the ties are the widening rounds' to try), none skipped.
+      const auto ranked = ranked_tiles(f, l, T, Arch::sm_90a);
+      size_t next = 0;
+      double last = 0;
+      for (size_t i = 1; i < c.size(); ++i) {
+        while (next < ranked.size() && (ranked[next].tile == c.front() || ranked[next].predicted_us <= last)) ++next;
+        REQUIRE(next < ranked.size());
+        CHECK(c[i] == ranked[next].tile);
+        CHECK(c[i].cute);
+        last = ranked[next].predicted_us;
+        ++next;
+      }
+      continue;
+    }
+    bool multistage = false, ws = false, persistent = false;
     for (const auto& t : c) {
       multistage |= t.mainloop == Mainloop::wgmma_multistage;
       ws |= t.mainloop == Mainloop::warp_specialized;
       persistent |= t.persistent();
-      tma |= t.tma_contiguous;
-      alt_order |= t.alt_order;
     }
-    CHECK(alt_order == supports_persistent(f));  // the schedule order: expert GEMMs
     CHECK(multistage);
     CHECK(ws);
-    CHECK(persistent == supports_persistent(f));
-    CHECK(tma == supports_persistent(f));  // TMA tiles for every expert GEMM
+    CHECK_FALSE(persistent);  // the router GEMMs are one tile a block
   }
 }
 
@@ -396,8 +413,7 @@ TEST_CASE("tuner: the runtime's hash is standard FNV-1a 64 and agrees with the c
 TEST_CASE("tuner: 192-column tiles where the output is a multiple of 192 but not of 256") {
   const LayerConfig gpt = find_preset("gpt-oss-20b").layer;  // d = n = 2880
   // The all-TMA GEMMs default to the kernel layer's 192-wide tiles (down_proj ping-pong,
-  // gate_up_dgrad cooperative). The earlier hand-written 192-wide defaults stay candidates, as
-  // does a 192-wide gate_up_wgrad.
+  // gate_up_dgrad cooperative).
   for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::gate_up_dgrad}) {
     INFO(to_string(f));
     CHECK(fits_192_better(f, gpt));
@@ -405,20 +421,15 @@ TEST_CASE("tuner: 192-column tiles where the output is a multiple of 192 but not
     CHECK(def.bn == 192);
     CHECK(def.cute);
     CHECK(def.pingpong() == (f == KernelFamily::down_proj));
-    const auto c = tile_candidates(f, gpt, Arch::sm_90a, 12);
-    const int narrow = static_cast<int>(std::count_if(
-        c.begin(), c.end(), [](const TileConfig& t) { return t.bn == 192 && !t.pingpong(); }));
-    CHECK(narrow >= 2);  // the whole-tile TMA-store one and the 4-stage one
+    const auto c = tile_candidates(f, gpt, Arch::sm_90a, 12, 16384);
     for (const auto& t : c) CHECK_MESSAGE(legality_problem(KernelSpec{f, gpt, t, Arch::sm_90a}).empty(), t.to_string());
+    // The space holds the 192-wide tiles of both schedules.
+    int narrow = 0;
+    for (const auto& r : ranked_tiles(f, gpt, 16384, Arch::sm_90a)) narrow += r.tile.bn == 192;
+    CHECK(narrow >= 2);
   }
-  const auto c = tile_candidates(KernelFamily::gate_up_wgrad, gpt, Arch::sm_90a, 12);  // a default-size tune
-  TileConfig narrow = default_tile(KernelFamily::gate_up_wgrad, gpt, Arch::sm_90a);
-  REQUIRE(narrow.bn == 256);
-  narrow.bn = 192;
-  CHECK(std::find(c.begin(), c.end(), narrow) != c.end());
-  for (const auto& t : tile_candidates(KernelFamily::down_wgrad, gpt, Arch::sm_90a, 8)) CHECK(t.bn != 192);  // chunked dW2
-  const LayerConfig mixtral = find_preset("mixtral-8x7b").layer;  // 4096 and 14336: multiples of 256
-  for (const auto& t : tile_candidates(KernelFamily::down_proj, mixtral, Arch::sm_90a, 12)) CHECK(t.bn != 192);
+  // The weight gradients' gathered MN-major stages take no 192-wide tiles.
+  for (const auto& t : tile_candidates(KernelFamily::down_wgrad, gpt, Arch::sm_90a, 8, 16384)) CHECK(t.bn != 192);
 }
 
 TEST_CASE("tuner: down_proj's ping-pong and gate_up's 160-wide defaults are for layers with n <= d (wider h keeps the earlier tiles)") {
@@ -447,7 +458,7 @@ TEST_CASE("tuner: down_proj's ping-pong and gate_up's 160-wide defaults are for 
   CHECK(default_tile(KernelFamily::gate_up, gpt_wide_h, Arch::sm_90a).bn == 96);  // plain, n <= d: hand-written 96
 }
 
-TEST_CASE("tuner: gate_up is the kernel layer's 128 x (2 x 96) ping-pong tile on every suite shape, a pair where experts are wide and their slots many; the hand-written rules (2 x 96 where n is a multiple of 96, 2 x 160 where of 160 but not 128) stay candidates") {
+TEST_CASE("tuner: gate_up is the kernel layer's 128 x (2 x 96) ping-pong tile on every suite shape, a pair where experts are wide and their slots many; the hand-written rules (2 x 96 where n is a multiple of 96, 2 x 160 where of 160 but not 128)") {
   for (const Preset& p : presets()) {
     if (!p.in_suite) continue;
     INFO(p.name);
@@ -468,19 +479,10 @@ TEST_CASE("tuner: gate_up is the kernel layer's 128 x (2 x 96) ping-pong tile on
     CHECK(legality_problem(KernelSpec{KernelFamily::gate_up, p.layer, up, Arch::sm_90a}).empty());
     if (p.name == "mixtral-8x7b")  // 1024 slots an expert at T = 4096: its weights stream, no pair
       CHECK(default_tile(KernelFamily::gate_up, p.layer, Arch::sm_90a, 4096).cluster_m == 1);
-    const auto c = tile_candidates(KernelFamily::gate_up, p.layer, Arch::sm_90a, 8);
-    auto listed = [&](const char* tile) {
-      return std::find_if(c.begin(), c.end(), [&](const TileConfig& t) { return t.to_string() == tile; }) != c.end();
-    };
-    CHECK(listed("128x128x64_w8x1_s4_persist_tmacontig"));
-    // the hand-written cluster pair that deepseek-v3 had (weights_stream) stays its candidate
-    if (weights_stream(p.layer, 0)) CHECK(listed("128x128x64_w8x1_s4_persist_tmacontig_cluster2x1"));
-    CHECK(listed("128x96x64_w4x1_s5_pingpong_tmacontig_directarrive"));  // every suite shape takes it (partial last column or not)
-    CHECK(listed("128x160x64_w8x1_s4_persist_tmacontig") == (n % 160 == 0));
   }
 }
 
-TEST_CASE("tuner: the TMA-store families default to the kernel layer or _tmastore64, the few-slot weight gradients to _tmastore; earlier defaults stay candidates") {
+TEST_CASE("tuner: the TMA-store families default to the kernel layer or _tmastore64, the few-slot weight gradients to _tmastore") {
   const char* const presets[] = {"mixtral-8x7b", "gpt-oss-20b", "olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-v3", "qwen3-next-80b"};
   for (const char* p : presets) {
     const LayerConfig l = find_preset(p).layer;
@@ -496,11 +498,6 @@ TEST_CASE("tuner: the TMA-store families default to the kernel layer or _tmastor
             (cute  ? "128x256x64_w8x1_s3_persist_tmacontig_tmastore_cute"
              : few ? "128x256x64_w8x1_s3_persist_tmacontig_tmastore_directarrive"
                    : "128x256x64_w8x1_s4_persist_tmacontig_tmastore64_directarrive"));
-      std::set<std::string> names;
-      for (const auto& t : tile_candidates(f, l, Arch::sm_90a, 16)) names.insert(t.to_string());
-      CHECK(names.count("128x256x64_w8x1_s3_persist_tmacontig_tmastore") == 1);
-      CHECK(names.count("128x256x64_w8x1_s4_persist_tmacontig") == 1);
-      CHECK(names.count("128x256x64_w8x1_s4_persist_tmacontig_tmastore64_directarrive") == 1);
     }
     for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::gate_up_dgrad}) {
       INFO(p << " " << to_string(f));
@@ -516,11 +513,6 @@ TEST_CASE("tuner: the TMA-store families default to the kernel layer or _tmastor
              : fills_192 ? (f == KernelFamily::down_proj ? "128x192x64_w4x1_s4_pingpong_tmacontig_tmastore_cute"
                                                          : "128x192x64_w8x1_s4_persist_tmacontig_tmastore_cute")
                          : "128x256x64_w8x1_s4_persist_tmacontig_tmastore64"));
-      std::set<std::string> names;
-      for (const auto& t : tile_candidates(f, l, Arch::sm_90a, 8)) names.insert(t.to_string());
-      CHECK(names.count("128x256x64_w8x1_s4_persist_tmacontig_tmastore64") == 1);
-      CHECK(names.count("128x256x64_w8x1_s3_persist_tmacontig_tmastore") == 1);
-      CHECK(names.count(f == KernelFamily::down_proj ? "128x256x64_w8x1_s4_persist_tmacontig" : "128x256x64_w8x1_s4_ws_tmacontig") == 1);
     }
     // gate_up: the kernel layer's ping-pong tile (its gathered copies always arrive on the full
     // barrier); the hand-written cluster pair where the weights stream polls, and its single
@@ -533,9 +525,6 @@ TEST_CASE("tuner: the TMA-store families default to the kernel layer or _tmastor
     } else {
       CHECK(up.cluster_m == 2);
       CHECK_FALSE(up.direct_arrive);
-      up.cluster_m = 1;
-      const auto c = tile_candidates(KernelFamily::gate_up, l, Arch::sm_90a, 16);
-      CHECK(std::find(c.begin(), c.end(), up) != c.end());
     }
   }
   // Where the layer cannot take TMA stores, the 4-stage register-store tiles: down_proj with expert
@@ -678,24 +667,84 @@ TEST_CASE("nvrtc: CUTLASS's headers are found by MOEBLAZE_CUTLASS_INCLUDE and mu
   else setenv("MOEBLAZE_CUTLASS_INCLUDE", saved.c_str(), 1);
 }
 
-TEST_CASE("tuner: a tune of the default size times the kernel layer's tiles of every expert GEMM") {
+TEST_CASE("tile space: every ranked point is legal, refusals have reasons, the ranking is ordered and the same on every call") {
   for (const Preset& p : presets()) {
     if (!p.in_suite) continue;
     for (KernelFamily f : {KernelFamily::gate_up, KernelFamily::down_proj, KernelFamily::down_dgrad,
                            KernelFamily::down_wgrad, KernelFamily::gate_up_wgrad, KernelFamily::gate_up_dgrad}) {
       INFO(p.name << " " << to_string(f));
-      const auto c = tile_candidates(f, p.layer, Arch::sm_90a, TuneOptions{}.candidates_per_family);
-      int legal = 0, listed = 0;
-      for (const TileConfig& t : kernel_layer_candidates(f)) {
-        if (!legality_problem(KernelSpec{f, p.layer, t, Arch::sm_90a}).empty()) continue;
-        ++legal;
-        listed += std::find(c.begin(), c.end(), t) != c.end();
+      const auto space = kernel_layer_space(f, p.layer, Arch::sm_90a);
+      REQUIRE(space.size() > 100);
+      size_t legal = 0;
+      for (const SpacePoint& pt : space) {
+        CHECK(pt.refused == legality_problem(KernelSpec{f, p.layer, pt.tile, Arch::sm_90a}));
+        CHECK(pt.tile.cute);
+        legal += pt.refused.empty();
       }
-      CHECK(listed == legal);
-      // every suite shape has kernel-layer tiles for each family, but gpt-oss-20b's down_wgrad:
-      // its n = 2880 is no multiple of 128 (the ragged hg loads take whole column tiles only)
-      const bool none_expected = p.name == "gpt-oss-20b" && f == KernelFamily::down_wgrad;
-      CHECK((legal > 0) != none_expected);
+      const auto ranked = ranked_tiles(f, p.layer, p.tokens, Arch::sm_90a);
+      CHECK(ranked.size() == legal);
+      for (size_t i = 0; i < ranked.size(); ++i) {
+        CHECK(ranked[i].predicted_us > 0);
+        if (i) CHECK(ranked[i - 1].predicted_us <= ranked[i].predicted_us);
+      }
+      const auto again = ranked_tiles(f, p.layer, p.tokens, Arch::sm_90a);
+      REQUIRE(again.size() == ranked.size());
+      for (size_t i = 0; i < ranked.size(); ++i) CHECK(again[i].tile == ranked[i].tile);
+      // every suite shape has kernel-layer tiles for each family (gpt-oss-20b's down_wgrad only
+      // 64 wide: its n = 2880 is no multiple of 128, and the ragged hg loads take whole column
+      // tiles only)
+      REQUIRE(legal > 0);
+      if (p.name == "gpt-oss-20b" && f == KernelFamily::down_wgrad)
+        for (const RankedTile& r : ranked) CHECK(r.tile.bn == 64);
+      // The first pick's neighbours: legal, not the pick, one dimension away (a schedule change
+      // may come with another depth).
+      const TileConfig& top = ranked.front().tile;
+      for (const RankedTile& n : neighbour_tiles(top, f, p.layer, p.tokens, Arch::sm_90a)) {
+        CHECK_FALSE(n.tile == top);
+        CHECK(legality_problem(KernelSpec{f, p.layer, n.tile, Arch::sm_90a}).empty());
+        const int changed = (n.tile.bm != top.bm) + (n.tile.bn != top.bn) + (n.tile.pingpong() != top.pingpong()) +
+                            (n.tile.cluster_m != top.cluster_m) + (n.tile.alt_order != top.alt_order) +
+                            (n.tile.stages != top.stages && n.tile.pingpong() == top.pingpong());
+        CHECK_MESSAGE(changed == 1, n.tile.to_string() << " from " << top.to_string());
+      }
     }
   }
+  // Off the kernel layer (sm_86, the router GEMMs) the space is empty.
+  CHECK(kernel_layer_space(KernelFamily::gate_up, find_preset("qwen3-30b-a3b").layer, parse_arch("sm_86")).empty());
+  CHECK(kernel_layer_space(KernelFamily::router_logits, find_preset("qwen3-30b-a3b").layer, Arch::sm_90a).empty());
+}
+
+TEST_CASE("cost model: waves and tail, k-steps, pairs and the device's bandwidth move the terms as they should") {
+  const LayerConfig l = find_preset("qwen3-30b-a3b").layer;  // E 128, K 8, d 2048, n 768
+  const int64_t T = 32768;                                    // 2048 slots an expert
+  const DeviceModel h100 = device_model_for("NVIDIA H100 80GB HBM3", 132);
+  const DeviceModel h200 = device_model_for("NVIDIA H200", 132);
+  CHECK(h200.dram_gb_s > h100.dram_gb_s);
+  const TileConfig t = kernel_layer_tile(128, 256, 3, Mainloop::persistent);
+  const CostTerms c = cost_terms(KernelSpec{KernelFamily::down_proj, l, t, Arch::sm_90a}, T, h100);
+  // 2048 / 128 = 16 M tiles x 2048 / 256 = 8 N tiles x 128 experts, over 132 SMs; n / 64 k-steps.
+  CHECK(c.tiles_total == 16 * 8 * 128);
+  CHECK(c.tiles == doctest::Approx(std::ceil(16.0 * 8 * 128 / 132)));
+  CHECK(c.k_steps == 768 / 64);
+  CHECK(c.tile_class == 1);
+  CHECK(cost_terms(KernelSpec{KernelFamily::down_proj, l, t, Arch::sm_90a}, T, h200).dram_us < c.dram_us);
+  // Twice the tokens: twice the tiles, the same k-steps; the weight gradients reduce over slots.
+  const CostTerms c2 = cost_terms(KernelSpec{KernelFamily::down_proj, l, t, Arch::sm_90a}, 2 * T, h100);
+  CHECK(c2.tiles_total == 2 * c.tiles_total);
+  const CostTerms w = cost_terms(KernelSpec{KernelFamily::down_wgrad, l, t, Arch::sm_90a}, T, h100);
+  const CostTerms w2 = cost_terms(KernelSpec{KernelFamily::down_wgrad, l, t, Arch::sm_90a}, 2 * T, h100);
+  CHECK(w2.k_steps == 2 * w.k_steps);
+  CHECK(w2.tiles_total == w.tiles_total);
+  // One stage can't cover the load latency: a 2-stage k-step is no shorter than a 4-stage one.
+  const CostTerms s2 = cost_terms(KernelSpec{KernelFamily::down_proj, l, kernel_layer_tile(128, 128, 2, Mainloop::pingpong), Arch::sm_90a}, T, h100);
+  const CostTerms s4 = cost_terms(KernelSpec{KernelFamily::down_proj, l, kernel_layer_tile(128, 128, 4, Mainloop::pingpong), Arch::sm_90a}, T, h100);
+  CHECK(s2.step_us >= s4.step_us);
+  CHECK(s2.tile_class == 0);
+  // A pair multicasts B: its k-step loads less than the single block's.
+  const CostTerms pair = cost_terms(KernelSpec{KernelFamily::down_proj, l, kernel_layer_tile(128, 128, 4, Mainloop::pingpong, 2), Arch::sm_90a}, T, h100);
+  CHECK(pair.step_us <= s4.step_us);
+  // Hand-written tiles are class 2; the router GEMMs have no model.
+  CHECK(cost_terms(KernelSpec{KernelFamily::down_proj, l, wgmma_tile(128, 256, 4, Mainloop::persistent), Arch::sm_90a}, T, h100).tile_class == 2);
+  CHECK_THROWS_AS(cost_terms(KernelSpec{KernelFamily::router_logits, l, t, Arch::sm_90a}, T, h100), InvalidArgument);
+  CHECK_THROWS_AS(cost_terms(KernelSpec{KernelFamily::down_proj, l, t, Arch::sm_90a}, 0, h100), InvalidArgument);
 }

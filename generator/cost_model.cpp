@@ -1,0 +1,163 @@
+#include "cost_model.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/errors.hpp"
+#include "kernel_layer.hpp"
+
+namespace moeblaze {
+namespace {
+
+// The k-step model's physical rates, per SM at the clock the H100/H200 hold under a GEMM's
+// load (about 1.755 GHz): 4096 dense bf16 flops a clock (989 TFLOP/s at the 1.83 GHz boost over
+// 132 SMs) and 64 bytes a clock from L2 into shared memory.
+constexpr double kClockGhz = 1.755;
+constexpr double kFlopsPerUsPerSm = 4096 * kClockGhz * 1e3;
+constexpr double kL2BytesPerUsPerSm = 64 * kClockGhz * 1e3;
+// A gathered operand's bytes come by the producer warpgroup's cp.async (an address and a
+// predicate a 16-byte copy), slower per byte than a TMA box: weighed this much heavier.
+constexpr double kGatherByteWeight = 1.5;
+// The time from issuing a stage's loads to their landing (L2 hits and misses mixed), which
+// `stages - 1` stages in flight must cover: a k-step cannot be shorter than latency / (stages - 1).
+constexpr double kLoadLatencyUs = 1.2;
+
+struct Geometry {
+  double rows_per_expert;  // M of one expert's GEMM
+  int cols;                // N
+  int reduction;           // K of the GEMM
+  int acc_cols;            // accumulator columns a tile holds (gate_up: its stacked W1 | W3 parts)
+  int out_cols;            // output columns a tile covers (gate_up: one part's bn)
+  double epilogue_elems;   // bf16 elements an M x N tile's epilogue moves, per output element
+  bool gathered_a, gathered_b;
+  bool weights_b;          // B is an expert's weights (the slot-tiled GEMMs)
+};
+
+Geometry geometry(const KernelSpec& s, double slots) {
+  const MoeShape& m = s.layer.shape;
+  const int G = s.layer.gate_parts();
+  const TileConfig& t = s.tile;
+  switch (s.family) {
+    // H = gather(x) [W1; W3]^T: the tile holds G parts of bn columns; its epilogue writes H's
+    // parts and h.
+    case KernelFamily::gate_up: return {slots, m.ffn, m.hidden, G * t.bn, t.bn, double(G + 1), true, false, true};
+    case KernelFamily::down_proj: return {slots, m.hidden, m.ffn, t.bn, t.bn, 1, false, false, true};
+    // dh = gather(dy) W2: the epilogue reads H's parts and writes dH's and hg.
+    case KernelFamily::down_dgrad: return {slots, m.ffn, m.hidden, t.bn, t.bn, double(2 * G + 1), true, false, true};
+    case KernelFamily::gate_up_dgrad: return {slots, m.hidden, G * m.ffn, t.bn, t.bn, 1, false, false, true};
+    // dW1 | dW3 = dH^T gather(x): M = G n, N = d, reduced over an expert's slots.
+    case KernelFamily::gate_up_wgrad:
+      return {double(G * m.ffn), m.hidden, int(std::ceil(slots)), t.bn, t.bn, 1, false, true, false};
+    // dW2 = gather(dy)^T hg: M = d, N = n.
+    case KernelFamily::down_wgrad:
+      return {double(m.hidden), m.ffn, int(std::ceil(slots)), t.bn, t.bn, 1, true, false, false};
+    default: break;
+  }
+  throw InvalidArgument("family", fmt::format("the cost model covers the expert GEMMs, not {}", to_string(s.family)));
+}
+
+int tile_class(const TileConfig& t) {
+  if (!t.cute) return 2;
+  return t.pingpong() ? 0 : 1;
+}
+
+// Fitted by bench/fit_cost_model.py (least squares, non-negative) to the per-kernel times of
+// the suite runs under bench/results/ (both H100 and H200 runs; every tile that ran there).
+const CostConstants kConstants = {
+    /*launch_us=*/0,
+    /*dram=*/0.1758,
+    /*mainloop=*/{1.304, 1.286, 1.39},
+    /*tile_us=*/{0, 0, 0.5327},
+    /*output_us_per_kib=*/{0.02008, 0.02709, 0.0506},
+};
+
+}  // namespace
+
+bool has_cost_model(KernelFamily f) {
+  switch (f) {
+    case KernelFamily::gate_up:
+    case KernelFamily::down_proj:
+    case KernelFamily::down_dgrad:
+    case KernelFamily::gate_up_dgrad:
+    case KernelFamily::gate_up_wgrad:
+    case KernelFamily::down_wgrad: return true;
+    default: return false;
+  }
+}
+
+DeviceModel device_model_for(const std::string& device_name, int sms) {
+  DeviceModel d;
+  d.sms = sms > 0 ? sms : d.sms;
+  if (device_name.find("H200") != std::string::npos) {
+    d.name = "H200";
+    d.dram_gb_s = 4800;
+  } else if (!device_name.empty()) {
+    d.name = device_name;
+  }
+  return d;
+}
+
+const CostConstants& cost_constants() { return kConstants; }
+
+CostTerms cost_terms(const KernelSpec& spec, int64_t tokens, const DeviceModel& device) {
+  const TileConfig& t = spec.tile;
+  const MoeShape& m = spec.layer.shape;
+  if (tokens <= 0) throw InvalidArgument("tokens", "the cost model needs the step's token count (T > 0)");
+  const double slots = double(tokens) * m.topk / m.experts;  // an expert's slots, uniform routing
+  const Geometry g = geometry(spec, slots);
+  CostTerms c;
+  c.tile_class = tile_class(t);
+  const int pair = std::max(1, t.cluster_m);
+  // Tiles along M come in pairs where the cluster is a pair (an odd one runs with an idle half).
+  const int64_t m_tiles = int64_t(std::ceil(g.rows_per_expert / (t.bm * pair))) * pair;
+  const int64_t n_tiles = (g.cols + g.out_cols - 1) / g.out_cols;
+  c.tiles_total = int64_t(m.experts) * m_tiles * n_tiles;
+  c.k_steps = std::max(1, (g.reduction + t.bk - 1) / t.bk);
+  // Persistent tiles: the busiest SM runs ceil(tiles / SMs), pairs scheduled on SM pairs. One-tile
+  // blocks: as many blocks an SM as its shared memory holds, each wave that many tiles an SM.
+  int blocks_per_sm = 1;
+  if (!t.persistent()) blocks_per_sm = std::max(1, (227 * 1024) / t.smem_bytes(g.acc_cols / t.bn));
+  const double slots_per_wave = double(device.sms) * blocks_per_sm;
+  c.tiles = std::ceil(double(c.tiles_total) / slots_per_wave) * blocks_per_sm;
+  // One k-step: its math, its loads from L2 (a pair multicasts B: each block issues half),
+  // and the latency its stages in flight must cover.
+  const double math_us = 2.0 * t.bm * g.acc_cols * t.bk / kFlopsPerUsPerSm;
+  const double a_bytes = double(t.bm) * t.bk * 2 * (g.gathered_a ? kGatherByteWeight : 1.0);
+  const double b_bytes = double(g.acc_cols) * t.bk * 2 * (g.gathered_b ? kGatherByteWeight : 1.0) / (g.gathered_b ? 1 : pair);
+  const double load_us = (a_bytes + b_bytes) / kL2BytesPerUsPerSm;
+  const double latency_us = kLoadLatencyUs / std::max(1, t.stages - 1);
+  c.step_us = std::max({math_us, load_us, latency_us});
+  c.mainloop_us = c.tiles * c.k_steps * c.step_us;
+  c.output_kib = c.tiles * double(t.bm) * g.out_cols * g.epilogue_elems * 2 / 1024;
+  // DRAM: the activations once, the outputs once, and each expert's weights once, or once per
+  // group of M tiles in flight where they do not stay in L2 (wide experts: the tiles in flight
+  // cover SMs / N-tiles M tiles of an expert at a time, a pair two for one load).
+  const double total_rows = double(tokens) * m.topk;
+  double bytes = 0;
+  if (g.weights_b) {
+    const double weight_bytes = double(g.cols) * g.reduction * 2;
+    const double m_groups = std::max(1.0, double(device.sms) / double(n_tiles));
+    const double trips = weight_bytes > device.l2_bytes / 2 ? std::ceil(double(m_tiles) / (m_groups * pair)) : 1.0;
+    bytes = total_rows * g.reduction * 2 + m.experts * weight_bytes * trips + total_rows * g.cols * 2 * g.epilogue_elems;
+  } else {
+    // Weight gradients: both operands are activations (rows x M and rows x N), the output the
+    // experts' weight gradients.
+    bytes = total_rows * (g.rows_per_expert + g.cols) * 2 + double(m.experts) * g.rows_per_expert * g.cols * 2;
+  }
+  c.dram_us = bytes / (device.dram_gb_s * 1e3);
+  return c;
+}
+
+double predicted_us(const CostTerms& x, const CostConstants& c) {
+  const int k = x.tile_class;
+  return c.launch_us + c.dram * x.dram_us + c.mainloop[k] * x.mainloop_us + c.tile_us[k] * x.tiles +
+         c.output_us_per_kib[k] * x.output_kib;
+}
+
+double predicted_us(const KernelSpec& spec, int64_t tokens, const DeviceModel& device) {
+  return predicted_us(cost_terms(spec, tokens, device));
+}
+
+}  // namespace moeblaze
