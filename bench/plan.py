@@ -15,6 +15,10 @@ from typing import Dict, List, Optional, Sequence
 HERE = Path(__file__).resolve().parent
 SUITE = json.loads((HERE / "suite.json").read_text())["shapes"]
 SHAPES = {s["name"]: s for s in SUITE}
+# The held-out shapes (bench/heldout.json): runnable by name (--shapes qwen1.5-moe), never in a
+# default run.
+HELDOUT = {s["name"]: s for s in json.loads((HERE / "heldout.json").read_text())["shapes"]}
+ALL_SHAPES = {**SHAPES, **HELDOUT}
 
 MOEBLAZE_IMPLS = ("moeblaze", "moeblaze-recompute")
 PEER_IMPLS = ("sonicmoe", "megablocks")  # run from a copy of shared/peers/<name> (bench/peers.py)
@@ -58,19 +62,19 @@ def cases(shapes: Sequence[str], routings: Sequence[str], impls: Sequence[str], 
 
     def add(name, routing, T, names):
         for impl in names:
-            if impl == "torch-loop" and SHAPES[name]["E"] > TORCH_LOOP_MAX_EXPERTS:
+            if impl == "torch-loop" and ALL_SHAPES[name]["E"] > TORCH_LOOP_MAX_EXPERTS:
                 continue
             out.append(Case(name, routing, T, impl))
 
     for routing in routings:
         for name in shapes:
-            add(name, routing, SHAPES[name]["T"], impls)
+            add(name, routing, ALL_SHAPES[name]["T"], impls)
     swept = [i for i in impls if i in sweep_impls]
     for name in sweep_shapes:
         if name not in shapes:
             continue
         for T in SWEEP_TOKENS:
-            if T != SHAPES[name]["T"]:
+            if T != ALL_SHAPES[name]["T"]:
                 add(name, "random", T, swept)
     return out
 
@@ -108,7 +112,7 @@ KERNEL_COMPARE_S = 15.0  # bench/kernels.py on one shape: profiler start-up and 
 def case_seconds(case: Case) -> float:
     known = KNOWN_MS.get(case.shape, {})
     fwd, step = known.get(case.impl) or max(known.values(), key=lambda v: v[1], default=(30.0, 100.0))
-    scale = case.tokens / SHAPES[case.shape]["T"]
+    scale = case.tokens / ALL_SHAPES[case.shape]["T"]
     return CASE_OVERHEAD_S + scale * (STEPS_PER_CASE * step + FORWARDS_PER_CASE * fwd) / 1000
 
 
@@ -116,12 +120,12 @@ def estimate_seconds(plan: Sequence[Case], kernel_shapes: Sequence[str] = ()) ->
     """Seconds by part (start, cases, breakdowns, moeblaze's compiles, peers, kernels) and their total."""
     parts = {"start": START_S, "cases": sum(case_seconds(c) for c in plan)}
     parts["breakdowns"] = BREAKDOWN_S * len({c.shape for c in plan if c.impl.startswith("moeblaze")
-                                             and c.routing == "random" and c.tokens == SHAPES[c.shape]["T"]})
+                                             and c.routing == "random" and c.tokens == ALL_SHAPES[c.shape]["T"]})
     used = {c.impl for c in plan}
     sonic_problems = {(c.shape, c.tokens) for c in plan if c.impl == "sonicmoe"}
     if kernel_shapes:
         used.add("sonicmoe")
-        sonic_problems |= {(s, SHAPES[s]["T"]) for s in kernel_shapes}
+        sonic_problems |= {(s, ALL_SHAPES[s]["T"]) for s in kernel_shapes}
     parts["compile"] = MOEBLAZE_COMPILE_S * len({c.shape for c in plan if c.impl.startswith("moeblaze")})
     parts["peers"] = sum(PEER_FIRST_USE_S[p] for p in PEER_IMPLS if p in used) + SONIC_AUTOTUNE_S * len(sonic_problems)
     parts["kernels"] = KERNEL_COMPARE_S * len(kernel_shapes)

@@ -44,10 +44,20 @@ def moeblaze_cli():
     return HERE.parent / "build" / "bin" / "moeblaze"
 
 
+def shape_args(name):
+    """The CLI's options for a shape: its preset, or (a held-out shape) its dimensions and the
+    held-out router (impls.HELDOUT_ROUTER)."""
+    if name in plan.SHAPES:
+        return ["--preset", name]
+    s = plan.HELDOUT[name]
+    return ["-E", str(s["E"]), "-K", str(s["K"]), "-d", str(s["d"]), "-n", str(s["n"]), "--router", "softmax",
+            "--renormalize"]
+
+
 def kernel_breakdown(name, T):
     cli = moeblaze_cli()
     try:
-        out = subprocess.run([str(cli), "bench", "--preset", name, "-T", str(T), "--json"], capture_output=True,
+        out = subprocess.run([str(cli), "bench", *shape_args(name), "-T", str(T), "--json"], capture_output=True,
                              text=True, timeout=300, check=True)
         return json.loads(out.stdout)
     except Exception as e:  # noqa: BLE001 - a missing CLI must not lose the suite numbers
@@ -70,7 +80,8 @@ def commit():
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", help=f"default: all six ({','.join(FULL['shapes'])}); --quick: "
-                                     f"{','.join(plan.QUICK['shapes'])}")
+                                     f"{','.join(plan.QUICK['shapes'])}; the held-out shapes run by name "
+                                     f"({','.join(plan.HELDOUT)})")
     ap.add_argument("--impls", help=f"default: {','.join(FULL['impls'])}; --quick: {','.join(plan.QUICK['impls'])}")
     ap.add_argument("--routing", help="default: random,skewed; --quick: random")
     ap.add_argument("--quick", action="store_true", help="the A/B subset (other options override its choices)")
@@ -96,7 +107,7 @@ def parse_args(argv=None):
     a = ap.parse_args(argv)
     base = plan.QUICK if a.quick else FULL
     try:
-        a.shape_list = plan.parse_list(a.shapes or ",".join(base["shapes"]), list(plan.SHAPES), "--shapes")
+        a.shape_list = plan.parse_list(a.shapes or ",".join(base["shapes"]), list(plan.ALL_SHAPES), "--shapes")
         a.impl_list = plan.parse_list(a.impls or ",".join(base["impls"]), plan.IMPLS, "--impls")
         a.routing_list = plan.parse_list(a.routing or ",".join(base["routing"]), plan.ROUTINGS, "--routing")
         a.sweep_shape_list = plan.parse_list(a.sweep_shapes, list(plan.SHAPES), "--sweep-shapes") if a.sweep else []
@@ -120,7 +131,7 @@ def run_case(case, steps, peers_root):
     import impls
     from measure import measure
 
-    shape = plan.SHAPES[case.shape]
+    shape = plan.ALL_SHAPES[case.shape]
     row = {"shape": case.shape, "impl": case.impl, "routing": case.routing, "tokens": case.tokens}
     inp = impls.make_inputs(shape, case.routing, case.tokens)
     try:
@@ -168,7 +179,7 @@ def main(argv=None):
             print(f"peer {name}: {'loaded from ' + str(p.folder) if p.ok else p.reason}", flush=True)
 
     def at_suite_T(c):
-        return c.routing == "random" and c.tokens == plan.SHAPES[c.shape]["T"]
+        return c.routing == "random" and c.tokens == plan.ALL_SHAPES[c.shape]["T"]
 
     kernels_done = not a.kernel_list
     for i, case in enumerate(cases):

@@ -72,3 +72,24 @@ def test_estimate_scales_with_tokens_and_counts_each_sonic_problem_once():
     assert plan.case_seconds(c2) > 1.9 * (plan.case_seconds(c1) - plan.CASE_OVERHEAD_S)
     s = [plan.Case("qwen3-30b-a3b", r, 32768, "sonicmoe") for r in ("random", "skewed")]
     assert plan.estimate_seconds(s)["peers"] == plan.PEER_FIRST_USE_S["sonicmoe"] + plan.SONIC_AUTOTUNE_S
+
+
+def test_held_out_shapes_run_by_name_and_never_by_default():
+    assert set(plan.HELDOUT).isdisjoint(plan.SHAPES)
+    a = suite.parse_args(["--shapes", "qwen1.5-moe,mixtral-8x7b", "--impls", "moeblaze,sonicmoe", "--routing", "random",
+                          "--kernels", "none", "--dry-run"])
+    assert a.shape_list == ["qwen1.5-moe", "mixtral-8x7b"]
+    cs = plan.cases(a.shape_list, ["random"], ["moeblaze", "sonicmoe"])
+    assert {(c.shape, c.tokens) for c in cs} == {("qwen1.5-moe", 32768), ("mixtral-8x7b", 16384)}
+    assert plan.case_seconds(cs[0]) > 0
+    d = suite.parse_args(["--dry-run"])
+    assert not set(d.shape_list) & set(plan.HELDOUT)
+    import impls
+    assert impls.router_of("qwen1.5-moe") == impls.HELDOUT_ROUTER
+    assert impls.router_of("deepseek-v3") == ("sigmoid", True, 2.5)
+
+
+def test_held_out_shapes_reach_the_cli_by_their_dimensions():
+    assert suite.shape_args("qwen3-30b-a3b") == ["--preset", "qwen3-30b-a3b"]
+    assert suite.shape_args("qwen1.5-moe") == ["-E", "60", "-K", "4", "-d", "2048", "-n", "1408", "--router", "softmax",
+                                               "--renormalize"]
