@@ -23,6 +23,8 @@ constexpr double kGatherByteWeight = 1.5;
 // The time from issuing a stage's loads to their landing (L2 hits and misses mixed), which
 // `stages - 1` stages in flight must cover: a k-step cannot be shorter than latency / (stages - 1).
 constexpr double kLoadLatencyUs = 1.2;
+// The columns' worth of time a wgmma instruction costs beyond its math (see the k-step below).
+constexpr double kWgmmaIssueCols = 16;
 
 struct Geometry {
   double rows_per_expert;  // M of one expert's GEMM
@@ -67,10 +69,10 @@ int tile_class(const TileConfig& t) {
 // the suite runs under bench/results/ (both H100 and H200 runs; every tile that ran there).
 const CostConstants kConstants = {
     /*launch_us=*/0,
-    /*dram=*/0.1758,
-    /*mainloop=*/{1.304, 1.286, 1.39},
-    /*tile_us=*/{0, 0, 0.5327},
-    /*output_us_per_kib=*/{0.02008, 0.02709, 0.0506},
+    /*dram=*/0.1537,
+    /*mainloop=*/{1.22, 1.237, 1.325},
+    /*tile_us=*/{0, 0, 0.4686},
+    /*output_us_per_kib=*/{0.01863, 0.0301, 0.05207},
 };
 
 }  // namespace
@@ -123,7 +125,9 @@ CostTerms cost_terms(const KernelSpec& spec, int64_t tokens, const DeviceModel& 
   c.tiles = std::ceil(double(c.tiles_total) / slots_per_wave) * blocks_per_sm;
   // One k-step: its math, its loads from L2 (a pair multicasts B: each block issues half),
   // and the latency its stages in flight must cover.
-  const double math_us = 2.0 * t.bm * g.acc_cols * t.bk / kFlopsPerUsPerSm;
+  // A wgmma's fixed issue cost: an m64nNk16 instruction runs at N / (N + kWgmmaIssueCols) of
+  // the peak rate (narrow accumulators pay it most).
+  const double math_us = 2.0 * t.bm * g.acc_cols * t.bk / kFlopsPerUsPerSm * (g.acc_cols + kWgmmaIssueCols) / g.acc_cols;
   const double a_bytes = double(t.bm) * t.bk * 2 * (g.gathered_a ? kGatherByteWeight : 1.0);
   const double b_bytes = double(g.acc_cols) * t.bk * 2 * (g.gathered_b ? kGatherByteWeight : 1.0) / (g.gathered_b ? 1 : pair);
   const double load_us = (a_bytes + b_bytes) / kL2BytesPerUsPerSm;
