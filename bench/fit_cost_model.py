@@ -9,7 +9,8 @@ The model (generator/cost_model.hpp) predicts one launch of an expert GEMM as
 where the terms come from the tile's geometry (`moeblaze space --terms` computes them, so the
 model's structure lives in C++ alone) and c is the tile's class (kernel-layer ping-pong,
 kernel-layer cooperative, hand-written). This script gathers every (device, layer, T, family,
-tile, ms) of the suite runs under bench/results/ (their per-kernel tables), asks the binary
+tile, ms) of the suite runs bench/cost_model_runs.txt names (their per-kernel tables; add a new
+run's folder there to refit with it), asks the binary
 for the terms, and solves for the eleven constants by non-negative least squares on the
 relative error. It prints the table to paste into cost_model.cpp, the fit's errors, and how
 often the model orders two measured tiles of one (device, shape, family) as they ran.
@@ -215,18 +216,26 @@ def summary(rows, params):
             "ordered_pairs": pairs, "ordered_same": agree, "model_ties": ties}
 
 
+def fitted_runs():
+    """The run folders the constants were fitted to (bench/cost_model_runs.txt)."""
+    names = [line.strip() for line in (HERE / "cost_model_runs.txt").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    return [str(HERE / "results" / n) for n in names]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--moeblaze", required=True, help="the moeblaze binary (its `space --terms` computes the terms)")
     ap.add_argument("--results", nargs="*", default=None,
-                    help="results.json files or folders holding one (default: every run under bench/results/)")
+                    help="results.json files or folders holding one (default: the runs bench/cost_model_runs.txt "
+                         "names, those the constants were fitted to)")
     ap.add_argument("--json", help="write the fit (constants, errors, rows) here")
     ap.add_argument("--check", action="store_true", help="exit 1 unless the binary's table matches this fit within 2%%")
     a = ap.parse_args(argv)
     if not pathlib.Path(a.moeblaze).is_file():
         ap.error(f"--moeblaze: no file at {a.moeblaze}")
     files = []
-    for item in a.results if a.results is not None else [str(HERE / "results")]:
+    for item in a.results if a.results is not None else fitted_runs():
         p = pathlib.Path(item)
         if p.is_dir():
             files += sorted(glob.glob(str(p / "**" / "results.json"), recursive=True))

@@ -76,3 +76,10 @@ def test_bad_input_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         fcm.main(["--moeblaze", str(fake), "--results", str(bad)])
     assert "--results" in str(e.value)
+
+
+def test_the_fitted_runs_are_committed_results():
+    runs = fcm.fitted_runs()
+    assert len(runs) >= 10
+    for r in runs:
+        assert (pathlib.Path(r) / "results.json").is_file(), r
