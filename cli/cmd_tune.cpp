@@ -53,7 +53,7 @@ Command tune_command() {
     std::vector<long long> tokens;
     std::string db, routing = "router", baseline_out;
     double budget = 300;
-    int samples = 10, candidates = 12, widen = 2;
+    int samples = 10, candidates = 12, widen = 0;
     bool json = false, quiet = false;
   };
   auto st = std::make_shared<State>();
@@ -71,7 +71,7 @@ Command tune_command() {
         ->capture_default_str();
     st->app->add_option("--widen", st->widen,
                         "rounds of the winner's neighbours (the kernel layer's space) timed after each family's first "
-                        "timing, while the budget lasts; 0: none")
+                        "timing, while the budget lasts (not yet run on a GPU); 0: none")
         ->capture_default_str();
     st->app->add_option("--baseline-out", st->baseline_out, "write the tuned kernels' timings as a regress baseline (JSON)");
     st->app->add_flag("--json", st->json, "machine-readable report on stdout");

@@ -25,8 +25,9 @@ struct TuneOptions {
   int candidates_per_family = 12;  // plus each T's default tile where this cut leaves it out
   // After a family's first timing, rounds of the winner's neighbours in the kernel layer's space
   // (generator/tile_space.hpp), compiled and timed beside the candidates so far, while the
-  // budget lasts, the winner changes and the cost model gives a neighbour a chance.
-  int widen_rounds = 2;
+  // budget lasts, the winner changes and the cost model gives a neighbour a chance. Off by
+  // default until a GPU run has exercised it (`moeblaze tune --widen N`).
+  int widen_rounds = 0;
   int widen_per_round = 4;
   uint64_t seed = 7;
   std::function<void(const std::string& line, bool transient)> progress;  // transient: may be overwritten
