@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "core/errors.hpp"
-#include "kernel_layer.hpp"
 
 namespace moeblaze {
 namespace {

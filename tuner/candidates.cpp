@@ -21,9 +21,10 @@ std::vector<KernelFamily> tunable_families(const LayerConfig& layer) {
 
 namespace {
 
-// The families without a kernel-layer space (the router GEMMs; every family off sm_90a): the
-// default, its TMA and other-order variants, the tiles that won somewhere (docs/performance.md),
-// then the product of block shapes, schedules and depths, closest to the default first.
+// The families the kernel layer's space has no legal point for (the router GEMMs; every family
+// off sm_90a; gate_up and down_proj with expert biases): the default, its TMA and other-order
+// variants, the tiles that won somewhere (docs/performance.md), then the product of block
+// shapes, schedules and depths, closest to the default first.
 std::vector<TileConfig> listed_candidates(KernelFamily family, const LayerConfig& layer, Arch arch, int limit) {
   const TileConfig def = default_tile(family, layer, arch);
   std::vector<TileConfig> all = {def};
@@ -87,17 +88,18 @@ std::vector<TileConfig> listed_candidates(KernelFamily family, const LayerConfig
 
 std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& layer, Arch arch, int limit,
                                         int64_t tokens, const DeviceModel& device) {
-  if (!has_cost_model(family) || kernel_layer_space(family, layer, arch).empty())
-    return listed_candidates(family, layer, arch, limit);
   // The expert GEMMs on sm_90a: the default, then the kernel layer's space as the cost model
   // ranks it (generator/tile_space.hpp), for the step's T (or the stand-in the runtime uses
-  // without one).
+  // without one). Where the layer has no legal point for the family (off sm_90a, the router
+  // GEMMs, expert biases or a plain activation on gate_up and down_proj), the listed tiles.
   const int64_t T = tokens > 0 ? tokens : kModelTokensWithoutT;
+  const std::vector<RankedTile> ranked =
+      has_cost_model(family) ? ranked_tiles(family, layer, T, arch, device) : std::vector<RankedTile>{};
+  if (ranked.empty()) return listed_candidates(family, layer, arch, limit);
   const TileConfig def = default_tile(family, layer, arch, tokens);
   std::vector<TileConfig> all = {def};
   // One tile per predicted time: the tiles the model cannot tell apart (orders, pairs, depths;
   // ranked_tiles puts the plainest first) are left to the widening rounds around the winner.
-  const auto ranked = ranked_tiles(family, layer, T, arch, device);
   std::vector<double> times;
   for (const RankedTile& r : ranked) {
     if (static_cast<int>(all.size()) >= limit) break;

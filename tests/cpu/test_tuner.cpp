@@ -748,3 +748,19 @@ TEST_CASE("cost model: waves and tail, k-steps, pairs and the device's bandwidth
   CHECK_THROWS_AS(cost_terms(KernelSpec{KernelFamily::router_logits, l, t, Arch::sm_90a}, T, h100), InvalidArgument);
   CHECK_THROWS_AS(cost_terms(KernelSpec{KernelFamily::down_proj, l, t, Arch::sm_90a}, 0, h100), InvalidArgument);
 }
+
+TEST_CASE("tuner: where the kernel layer has no legal tile for a family (expert biases), the candidates are the listed tiles, not the default alone") {
+  LayerConfig biased = find_preset("gpt-oss-20b").layer;
+  biased.expert_bias = true;
+  for (KernelFamily f : {KernelFamily::gate_up, KernelFamily::down_proj}) {
+    INFO(to_string(f));
+    REQUIRE(ranked_tiles(f, biased, 16384, Arch::sm_90a).empty());
+    const auto c = tile_candidates(f, biased, Arch::sm_90a, 8, 16384);
+    CHECK(c.size() >= 4);
+    CHECK(c.front() == default_tile(f, biased, Arch::sm_90a, 16384));
+    for (const auto& t : c) {
+      CHECK_FALSE(t.cute);
+      CHECK(legality_problem(KernelSpec{f, biased, t, Arch::sm_90a}).empty());
+    }
+  }
+}
