@@ -63,7 +63,10 @@ def collect_rows(result_files):
         for entry in kernels.values():
             if not isinstance(entry, dict) or "kernels" not in entry or "layer" not in entry:
                 continue
-            E, K, d, n, act = parse_layer(entry["layer"])
+            try:
+                E, K, d, n, act = parse_layer(entry["layer"])
+            except (KeyError, ValueError):
+                raise SystemExit(f"--results: {path}: layer '{entry['layer']}' is not 'E=.. K=.. d=.. n=.. activation'")
             T = int(entry.get("tokens", 0))
             dev = device_of(entry.get("device") or report.get("device"))
             for k in entry["kernels"]:

@@ -83,3 +83,11 @@ def test_the_fitted_runs_are_committed_results():
     assert len(runs) >= 10
     for r in runs:
         assert (pathlib.Path(r) / "results.json").is_file(), r
+
+
+def test_a_malformed_layer_is_named(tmp_path):
+    bad = tmp_path / "results.json"
+    bad.write_text(json.dumps({"kernels": {"x": {"layer": "E=8 K=2", "tokens": 64, "kernels": []}}}))
+    with pytest.raises(SystemExit) as e:
+        fcm.collect_rows([str(bad)])
+    assert "--results" in str(e.value) and "E=8 K=2" in str(e.value)
