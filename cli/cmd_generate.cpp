@@ -121,14 +121,21 @@ Command generate_command() {
         if (s.family == f) s.tile = tile;
     tie_following_tiles(specs);
     if (st->check_only) {  // generate() throws InvalidArgument("tile", why) on an illegal tile
-      for (const auto& s : specs) (void)generate(s);
+      std::vector<GeneratedKernel> generated;
+      for (const auto& s : specs) generated.push_back(generate(s));
       if (st->json) {
         nlohmann::json kernels = nlohmann::json::array();
-        for (const auto& s : specs)
-          kernels.push_back({{"family", to_string(s.family)}, {"tile", is_tiled(s.family) ? s.tile.to_string() : "-"}});
+        for (const auto& g : generated) {
+          const auto& s = g.spec;
+          nlohmann::json k{{"family", to_string(s.family)}, {"tile", is_tiled(s.family) ? s.tile.to_string() : "-"}};
+          if (st->show_source) k["source"] = g.source.text;
+          kernels.push_back(std::move(k));
+        }
         emit_json({{"layer", layer.describe()}, {"arch", st->arch}, {"tokens", tokens}, {"kernels", kernels}});
       } else {
         fmt::print("{} for {}: {} kernels, every tile legal\n", layer.describe(), st->arch, specs.size());
+        for (const auto& g : generated)
+          if (st->show_source) fmt::print("{}\n", g.source.text);
       }
       return 0;
     }

@@ -117,7 +117,7 @@ Command tune_command() {
                        {"cannot_run", r.cannot_run}, {"not_stored", r.not_stored}, {"cache_error", r.cache_error},
                        {"all_in_cache", shortfall.empty()}, {"shortfall", shortfall},
                        {"step_default_ms", r.step_default_ms}, {"step_tuned_ms", r.step_tuned_ms},
-                       {"seconds", r.seconds},    {"db", cache.path()}, {"families", nlohmann::json::array()}};
+                       {"seconds", r.seconds},    {"compile_seconds", r.compile_seconds}, {"db", cache.path()}, {"families", nlohmann::json::array()}};
       for (const auto& f : r.families)
         j["families"].push_back({{"family", f.family}, {"bucket", f.token_bucket}, {"winner", f.winner},
                                  {"winner_ms", f.winner_ms}, {"default", f.default_tile}, {"default_ms", f.default_ms},
@@ -136,8 +136,9 @@ Command tune_command() {
         for (const auto& f : r.families)
           fmt::print("  {:<16} T~{:<6} {:<22} {:>9.3f} ms   default {:<22} {:>9.3f} ms  {}\n", f.family, f.token_bucket,
                      f.winner.empty() ? "-" : f.winner, f.winner_ms, f.default_tile, f.default_ms, f.note);
-        fmt::print("step fwd+bwd: default {:.3f} ms, tuned {:.3f} ms ({:.2f}x); {:.0f} s on {}\n", r.step_default_ms,
-                   r.step_tuned_ms, r.step_tuned_ms > 0 ? r.step_default_ms / r.step_tuned_ms : 0.0, r.seconds, r.device);
+        fmt::print("step fwd+bwd: default {:.3f} ms, tuned {:.3f} ms ({:.2f}x); {:.0f} s ({:.0f} s compiling) on {}\n",
+                   r.step_default_ms, r.step_tuned_ms, r.step_tuned_ms > 0 ? r.step_default_ms / r.step_tuned_ms : 0.0,
+                   r.seconds, r.compile_seconds, r.device);
       }
     }
     if (!st->baseline_out.empty()) {

@@ -97,7 +97,9 @@ void build_candidates(std::vector<Candidate>& cands, KernelCache& cache, TuneRep
   BuildOptions bo{&cache};
   // A count and an estimate as each compile ends: transient, so a terminal shows one line.
   bo.progress = [&](const BuildProgress& p) { say(p.line("candidates"), true); };
+  const auto t0 = Clock::now();
   std::vector<KernelBuild> builds = build_kernels(specs, bo, &counts);
+  rep.compile_seconds += seconds_since(t0);
   rep.candidates += static_cast<int>(cands.size());
   rep.compiled += counts.compiled;
   rep.from_cache += counts.from_cache;

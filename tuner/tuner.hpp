@@ -57,7 +57,8 @@ struct TuneReport {
   std::vector<std::string> compile_errors;  // the first few reasons, one line each
   std::vector<FamilyTuning> families;
   double step_default_ms = 0, step_tuned_ms = 0;  // fwd+bwd, median, interleaved
-  double seconds = 0;
+  double seconds = 0;          // the whole run
+  double compile_seconds = 0;  // of it, compiling candidates (the first round and any widening)
   // "" when every candidate that can run here is compiled into the cache; else what fell
   // short: the counts of failed compiles and of unstored kernels, with the first reasons.
   std::string shortfall() const;
