@@ -272,6 +272,17 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
         // tile with register stores.
         if (family == KernelFamily::down_wgrad)
           if (const auto cute = kernel_layer_tile()) return *cute;
+        // gate_up_wgrad on few slots an expert: the kernel layer's 4-stage 128x256 tile (the
+        // weight gradients' two-block staging leaves room for the fourth stage) with QuACK's
+        // GatherColsMN, against the hand-written tile below (bench/ab.py, the same call, two
+        // alternating rounds, H100 SXM): qwen3-30b-a3b 2.928 -> 2.684 ms, deepseek-v3 16.278 ->
+        // 15.502. On many slots (mixtral-8x7b) it lost (12.997 -> 13.492): the hand-written
+        // _tmastore64 tile stays there. Where d is a multiple of 256 (whole column tiles).
+        if (family == KernelFamily::gate_up_wgrad && few_slots_per_expert(layer, tokens) &&
+            layer.shape.hidden % 256 == 0) {
+          const TileConfig four = moeblaze::kernel_layer_tile(128, 256, 4, Mainloop::persistent);
+          if (legal(four)) return four;
+        }
         TileConfig staged = tma(wgmma_tile(128, 256, 3, Mainloop::persistent));
         staged.tma_store = true;
         staged = direct(staged);

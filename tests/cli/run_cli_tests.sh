@@ -48,6 +48,7 @@ check "generate ws tiles" 0 "gate_up_wgrad .* wgmma .*_ws" "$BIN" generate --pre
 check "generate --ptx-dir" 0 "16 kernels compiled" "$BIN" generate --preset qwen3-30b-a3b --ptx-dir "$TMP/ptx"
 check "generate --check-only" 0 "16 kernels, every tile legal" "$BIN" generate --check-only --preset mixtral-8x7b --tile gate_up_wgrad=128x256x64_w8x1_s4_persist_tmacontig_altorder
 check "older tile spellings still read" 0 "16 kernels, every tile legal" "$BIN" generate --check-only --preset mixtral-8x7b --tile gate_up_wgrad=128x256x64_w8x1_s4_wsp_tma_swap --tile down_proj=128x256x64_w8x1_s4_wsp_tma_c2
+check "generate --check-only --source" 0 "extern \"C\" __global__ void __launch_bounds__\([0-9]+, 1\) mb_gate_up_wgrad_E128_K8_d2048_n768_swiglu_" "$BIN" generate --check-only --source --preset qwen3-30b-a3b -T 4096
 check "generate --check-only illegal tile" 2 "tile: .*down_dgrad: TMA down_dgrad tiles need d % 64" "$BIN" generate --check-only -E 60 -K 4 -d 136 -n 200 --tile down_dgrad=128x256x64_w8x1_s4_ws_tmacontig
 # The default gate_up's file, whatever its tile (its name ends with the tile).
 up_ptx=$(ls "$TMP"/ptx/mb_gate_up_E128_K8_d2048_n768_swiglu_*.ptx 2>/dev/null | head -n 1)
@@ -375,6 +376,7 @@ print("ok" if eval(sys.argv[1]) else "condition false")' "$cond" <<<"$out")
 BASE=$(dirname "$0")/../../bench/baselines/qwen3-30b-a3b.json
 json_check "json: presets" 0 'isinstance(j, list) and any(p["name"] == "deepseek-v3" and p["E"] == 256 for p in j)' "$BIN" presets --json
 json_check "json: generate --check-only" 0 'len(j["kernels"]) == 16' "$BIN" generate --check-only --preset mixtral-8x7b --json
+json_check "json: generate --check-only --source" 0 'all("#include" in k["source"] for k in j["kernels"])' "$BIN" generate --check-only --source --preset mixtral-8x7b --json
 json_check "json: generate" 0 'j["kernels_with_spills"] == 0 and all("registers" in k for k in j["kernels"])' "$BIN" generate $SMALL --json --quiet
 json_check "json: generate --source" 0 'all("extern" in k["source"] for k in j["kernels"])' "$BIN" generate $SMALL --json --source --quiet
 json_check "json: generate, illegal tile" 2 'j["error"]["kind"] == "bad_argument" and j["error"]["exit_code"] == 2' "$BIN" generate --check-only $SMALL --json --tile down_wgrad=128x128x64_w2x4_s3_wgmma

@@ -492,10 +492,14 @@ TEST_CASE("tuner: the TMA-store families default to the kernel layer or _tmastor
       // mixtral-8x7b (E / K = 4): _tmastore64. Both with the producer's direct arrivals.
       // down_wgrad: the kernel layer's cooperative 128x256 tile where d (and n) fill 256-wide
       // tiles (all but gpt-oss-20b's 2880).
+      // gate_up_wgrad on few slots where d fills 256-wide tiles: the kernel layer's 4-stage tile.
       const bool few = std::string(p) != "mixtral-8x7b";
-      const bool cute = f == KernelFamily::down_wgrad && std::string(p) != "gpt-oss-20b";
+      const bool d256 = std::string(p) != "gpt-oss-20b";
+      const bool cute = f == KernelFamily::down_wgrad && d256;
+      const bool cute4 = f == KernelFamily::gate_up_wgrad && few && d256;
       CHECK(default_tile(f, l, Arch::sm_90a).to_string() ==
-            (cute  ? "128x256x64_w8x1_s3_persist_tmacontig_tmastore_cute"
+            (cute    ? "128x256x64_w8x1_s3_persist_tmacontig_tmastore_cute"
+             : cute4 ? "128x256x64_w8x1_s4_persist_tmacontig_tmastore_cute"
              : few ? "128x256x64_w8x1_s3_persist_tmacontig_tmastore_directarrive"
                    : "128x256x64_w8x1_s4_persist_tmacontig_tmastore64_directarrive"));
     }
@@ -564,14 +568,14 @@ TEST_CASE("tuner: with the step's tokens known, the weight gradients' default fo
   // (down_wgrad runs the kernel layer's tile at every T where d and n fill 256-wide tiles)
   for (KernelFamily f : {KernelFamily::gate_up_wgrad, KernelFamily::down_wgrad}) {
     INFO(to_string(f));
+    // (gate_up_wgrad: the kernel layer's 4-stage tile on few slots, the hand-written one on many)
     const bool cute = f == KernelFamily::down_wgrad;
     const std::string kernel_layer = "128x256x64_w8x1_s3_persist_tmacontig_tmastore_cute";
+    const std::string few = cute ? kernel_layer : "128x256x64_w8x1_s4_persist_tmacontig_tmastore_cute";
     CHECK(default_tile(f, olmoe, Arch::sm_90a, 32768).to_string() ==
           (cute ? kernel_layer : "128x256x64_w8x1_s4_persist_tmacontig_tmastore64_directarrive"));
-    CHECK(default_tile(f, olmoe, Arch::sm_90a, 4096).to_string() ==
-          (cute ? kernel_layer : "128x256x64_w8x1_s3_persist_tmacontig_tmastore_directarrive"));
-    CHECK(default_tile(f, mixtral, Arch::sm_90a, 2048).to_string() ==
-          (cute ? kernel_layer : "128x256x64_w8x1_s3_persist_tmacontig_tmastore_directarrive"));
+    CHECK(default_tile(f, olmoe, Arch::sm_90a, 4096).to_string() == few);
+    CHECK(default_tile(f, mixtral, Arch::sm_90a, 2048).to_string() == few);
     // the other families do not depend on T
     for (KernelFamily g : {KernelFamily::gate_up, KernelFamily::down_proj, KernelFamily::down_dgrad, KernelFamily::gate_up_dgrad})
       CHECK(default_tile(g, olmoe, Arch::sm_90a, 32768) == default_tile(g, olmoe, Arch::sm_90a));
