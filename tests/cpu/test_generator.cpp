@@ -1050,10 +1050,13 @@ TEST_CASE("generator: the kernel layer (_cute) runs the six expert GEMMs on one 
   const GeneratedKernel g = generate(spec(KernelFamily::down_proj, ds, pp));
   CHECK(g.source.needs_cutlass);
   CHECK(g.source.text.find("moeblaze/sm90/down_proj.cuh") != std::string::npos);
-  // Only kernel-layer kernels include CUTLASS (and key their binaries on its release): deepseek-v3's
-  // gate_up_wgrad is hand-written.
-  CHECK_FALSE(generate(spec(KernelFamily::gate_up_wgrad, ds, default_tile(KernelFamily::gate_up_wgrad, ds, Arch::sm_90a)))
+  // Only kernel-layer kernels include CUTLASS (and key their binaries on its release):
+  // mixtral-8x7b's gate_up_wgrad (many slots an expert) is hand-written, deepseek-v3's (few) is not.
+  const LayerConfig mx = find_preset("mixtral-8x7b").layer;
+  CHECK_FALSE(generate(spec(KernelFamily::gate_up_wgrad, mx, default_tile(KernelFamily::gate_up_wgrad, mx, Arch::sm_90a)))
                   .source.needs_cutlass);
+  CHECK(generate(spec(KernelFamily::gate_up_wgrad, ds, default_tile(KernelFamily::gate_up_wgrad, ds, Arch::sm_90a)))
+            .source.needs_cutlass);
   CHECK(generate(spec(KernelFamily::down_proj, ds, default_tile(KernelFamily::down_proj, ds, Arch::sm_90a))).source.needs_cutlass);
 
   // Every family, ping-pong and cooperative, and the cluster pairs of the families whose B comes
