@@ -16,23 +16,6 @@ Stats stats_of(std::vector<double> v) {
   return s;
 }
 
-double family_flops(KernelFamily f, const LayerConfig& l, int64_t T) {
-  const double TK = double(T) * l.shape.topk, d = l.shape.hidden, n = l.shape.ffn, E = l.shape.experts;
-  const double G = l.gate_parts();
-  switch (f) {
-    case KernelFamily::gate_up: return 2 * TK * d * n * G;
-    case KernelFamily::down_proj: return 2 * TK * d * n;
-    case KernelFamily::down_dgrad: return 2 * TK * d * n;
-    case KernelFamily::down_wgrad: return 2 * TK * d * n;
-    case KernelFamily::gate_up_wgrad: return 2 * TK * d * n * G;
-    case KernelFamily::gate_up_dgrad: return 2 * TK * d * n * G;
-    case KernelFamily::router_logits:
-    case KernelFamily::router_dgrad:
-    case KernelFamily::router_wgrad: return 2 * double(T) * d * E;
-    default: return 0;
-  }
-}
-
 double family_min_bytes(KernelFamily f, const LayerConfig& l, int64_t T) {
   const double TK = double(T) * l.shape.topk, d = l.shape.hidden, n = l.shape.ffn, E = l.shape.experts;
   const double G = l.gate_parts(), W = E * n * d * 2;  // one weight matrix, bytes

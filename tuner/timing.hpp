@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "generator/family_def.hpp"
 #include "generator/kernel_spec.hpp"
 
 namespace moeblaze {
@@ -21,9 +22,8 @@ constexpr int64_t kTimingL2Bytes = 60ll << 20;
 constexpr double kGemmCeilingTflops = 790.0;
 constexpr double kCopyCeilingTBps = 4.27;
 
-// FLOPs of one kernel family for a layer and token count (0 for non-GEMM kernels), and
-// the bytes it must move at least.
-double family_flops(KernelFamily f, const LayerConfig& l, int64_t tokens);
+// A family's FLOPs are family_flops (generator/family_def.hpp); the bytes it must move at
+// least are these.
 double family_min_bytes(KernelFamily f, const LayerConfig& l, int64_t tokens);
 // max(FLOPs / GEMM ceiling, bytes / copy ceiling), in milliseconds.
 double family_floor_ms(KernelFamily f, const LayerConfig& l, int64_t tokens);
