@@ -56,6 +56,10 @@ const BuiltKernel& KernelSet::get(KernelFamily f) const {
   throw Error(fmt::format("kernel {} is not part of this layer ({})", to_string(f), layer_.describe()));
 }
 
+int64_t KernelSet::gemm_tiles(KernelFamily f, const LaunchExtent& extent) const {
+  return family_tiles(family_problem(f, layer_, extent), get(f).generated.spec.tile);
+}
+
 void KernelSet::launch_raw(KernelFamily f, long long grid, void* args, CUstream stream,
                            LaunchObserver* observer) const {
   if (grid <= 0) return;  // nothing to do (e.g. no tokens routed)

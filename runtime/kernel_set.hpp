@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cuda_driver.hpp"
+#include "generator/family_def.hpp"
 #include "generator/kernel_spec.hpp"
 #include "kernel_build.hpp"
 
@@ -46,6 +47,15 @@ class KernelSet {
               LaunchObserver* observer = nullptr) const {
     launch_raw(f, grid, const_cast<Args*>(&args), stream, observer);
   }
+  // Launches a tiled family over the output tiles of `extent` (gemm_tiles).
+  template <class Args>
+  void launch_gemm(KernelFamily f, const LaunchExtent& extent, const Args& args, CUstream stream,
+                   LaunchObserver* observer = nullptr) const {
+    launch(f, gemm_tiles(f, extent), args, stream, observer);
+  }
+  // The tiles of one launch of a tiled family: family_tiles of this set's layer and the
+  // family's kernel's tile (a persistent kernel then walks them with the blocks the GPU holds).
+  int64_t gemm_tiles(KernelFamily f, const LaunchExtent& extent) const;
 
  private:
   void launch_raw(KernelFamily f, long long grid, void* args, CUstream stream, LaunchObserver* observer) const;

@@ -16,12 +16,6 @@ constexpr int kRouterWarpsPerBlock = 8;  // router.cuh WARPS_PER_BLOCK
 
 std::atomic<uint64_t> next_layer_id{1};
 
-// Grid of a chunked launch (gemm::chunk_slot_tile): each expert meets the chunk in at most
-// ceil(its slots there / bm) + 1 of its bm-aligned tiles.
-int64_t chunk_tile_blocks(int64_t slots, int bm, int bn, int experts, int n_out) {
-  return (ceil_div(slots, int64_t{bm}) + 2 * int64_t{experts}) * ceil_div(int64_t{n_out}, int64_t{bn});
-}
-
 template <class T>
 T* dptr(CUdeviceptr base, size_t offset) {
   return reinterpret_cast<T*>(base + offset);
@@ -79,8 +73,9 @@ MemoryPlan MoeLayer::memory_plan(int64_t tokens, CheckpointMode mode) const {
 ForwardState MoeLayer::forward(const ForwardArgs& a, CUstream stream) const {
   validate_forward_args(config(), dgrad_bn(), a);
   const LayerConfig& l = config();
-  const int E = l.shape.experts, K = l.shape.topk, d = l.shape.hidden, n = l.shape.ffn;
+  const int E = l.shape.experts, K = l.shape.topk;
   const int64_t T = a.x.shape[0], TK = T * K;
+  const LaunchExtent step{.tokens = T};
   const SavedLayout sl(l, T, a.mode);
   const ForwardScratch fs(l, T);
   const KernelSet& ks = *kernels_;
@@ -107,10 +102,9 @@ ForwardState MoeLayer::forward(const ForwardArgs& a, CUstream stream) const {
   const int* ids;
   const float* gates;
   if (l.router != RouterKind::none) {
-    const TileConfig& lt = ks.get(KernelFamily::router_logits).generated.spec.tile;
     RouterGemmArgs g{reinterpret_cast<const void*>(a.x.ptr), reinterpret_cast<const void*>(a.w_router.ptr), nullptr,
                      T, dptr<void>(a.scratch, fs.logits), 0};
-    ks.launch(KernelFamily::router_logits, ceil_div(T, lt.bm) * ceil_div(E, lt.bn), g, stream, a.observer);
+    ks.launch_gemm(KernelFamily::router_logits, step, g, stream, a.observer);
     float* gate_buf = a.gates_out.present() ? dptr<float>(a.gates_out) : dptr<float>(a.scratch, fs.gates);
     RouterTopkArgs r{dptr<float>(a.scratch, fs.logits), a.router_bias.present() ? dptr<float>(a.router_bias) : nullptr,
                      l.route_scale, T, dptr<int>(a.saved, sl.tei), gate_buf};
@@ -166,15 +160,16 @@ ForwardState MoeLayer::forward(const ForwardArgs& a, CUstream stream) const {
   attach_weight_maps(down, dt, l, fs.chunk_slots);
   attach_output_map(down, dt, l, TK);
   if (fs.chunk_slots >= TK) {
-    ks.launch(KernelFamily::gate_up, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream, a.observer);
-    ks.launch(KernelFamily::down_proj, slot_tile_blocks(TK, dt.bm, dt.bn, E, d), down, stream, a.observer);
+    ks.launch_gemm(KernelFamily::gate_up, step, up, stream, a.observer);
+    ks.launch_gemm(KernelFamily::down_proj, step, down, stream, a.observer);
   } else {  // wide h: up and down projection chunk by chunk of slots, h reused (forward_chunks)
     for (int64_t lo = 0; lo < TK; lo += fs.chunk_slots) {
       const int64_t hi = std::min(TK, lo + fs.chunk_slots);
       up.slot_lo = down.slot_lo = static_cast<int>(lo);
       up.slot_hi = down.slot_hi = static_cast<int>(hi);
-      ks.launch(KernelFamily::gate_up, chunk_tile_blocks(hi - lo, ut.bm, ut.bn, E, n), up, stream, a.observer);
-      ks.launch(KernelFamily::down_proj, chunk_tile_blocks(hi - lo, dt.bm, dt.bn, E, d), down, stream, a.observer);
+      const LaunchExtent chunk{.tokens = T, .slot_chunk = hi - lo};
+      ks.launch_gemm(KernelFamily::gate_up, chunk, up, stream, a.observer);
+      ks.launch_gemm(KernelFamily::down_proj, chunk, down, stream, a.observer);
     }
   }
   CombineArgs comb{dptr<int>(a.saved, sl.tim), gates, dptr<void>(a.scratch, fs.o), T, dptr<void>(a.y)};
@@ -195,6 +190,7 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
   const LayerConfig& l = config();
   const int E = l.shape.experts, K = l.shape.topk, d = l.shape.hidden, n = l.shape.ffn, G = l.gate_parts();
   const int64_t T = s.tokens, TK = T * K;
+  const LaunchExtent step{.tokens = T};
   const KernelSet& ks = *kernels_;
   const TileConfig& dg = ks.get(KernelFamily::down_dgrad).generated.spec.tile;
   const BackwardScratch bs(l, T, s.mode, dg.bn);
@@ -209,9 +205,8 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
   const float* gates;
   float* d_gates;
   if (l.router != RouterKind::none) {
-    const TileConfig& lt = ks.get(KernelFamily::router_logits).generated.spec.tile;
     RouterGemmArgs g{cptr(a.x), cptr(a.w_router), nullptr, T, dptr<void>(a.scratch, bs.logits), 0};
-    ks.launch(KernelFamily::router_logits, ceil_div(T, lt.bm) * ceil_div(E, lt.bn), g, stream, a.observer);
+    ks.launch_gemm(KernelFamily::router_logits, step, g, stream, a.observer);
     RouterTopkArgs r{dptr<float>(a.scratch, bs.logits), a.router_bias.present() ? dptr<float>(a.router_bias) : nullptr,
                      l.route_scale, T, dptr<int>(a.scratch, bs.ids), dptr<float>(a.scratch, bs.gates)};
     ks.launch(KernelFamily::router_topk, ceil_div(T, kRouterWarpsPerBlock), r, stream, a.observer);
@@ -238,7 +233,7 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
     up.bias = cptr(a.bias_up);  // the saved H had the biases added: so has this one
     attach_weight_maps(up, ut, l);
     attach_kernel_layer_maps(up, ut, l, TK, 0);
-    ks.launch(KernelFamily::gate_up, slot_tile_blocks(TK, ut.bm, ut.bn, E, n), up, stream, a.observer);
+    ks.launch_gemm(KernelFamily::gate_up, step, up, stream, a.observer);
     H = dptr<void>(a.scratch, bs.H);
   }
   // 2. Down dgrad with the activation backward and the gate-gradient partials (launched
@@ -258,18 +253,19 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
   WgradArgs w2{rv, cptr(a.dy), dptr<void>(a.scratch, bs.hg), dptr<void>(a.dw2), nullptr, accumulate};
   if (bs.hg_cols >= n) {
     attach_hg_out_map(dd, dg, TK, n, n);
-    ks.launch(KernelFamily::down_dgrad, slot_tile_blocks(TK, dg.bm, dg.bn, E, n), dd, stream, a.observer);
+    ks.launch_gemm(KernelFamily::down_dgrad, step, dd, stream, a.observer);
     attach_hg_map(w2, wt2, TK, n, n);
     attach_output_maps(w2, wt2, E, d, n, n, w2.out0, nullptr);
-    ks.launch(KernelFamily::down_wgrad, E * ceil_div(d, wt2.bm) * ceil_div(n, wt2.bn), w2, stream, a.observer);
+    ks.launch_gemm(KernelFamily::down_wgrad, step, w2, stream, a.observer);
   } else {
     for (int c0 = 0; c0 < n; c0 += bs.hg_cols) {
       const int cols = std::min(bs.hg_cols, n - c0);
+      const LaunchExtent chunk{.tokens = T, .col_chunk = cols};
       dd.n_tile_lo = c0 / dg.bn;
       dd.n_tiles = static_cast<int>(ceil_div(cols, dg.bn));
       dd.hg_ld = bs.hg_cols;
       attach_hg_out_map(dd, dg, TK, cols, bs.hg_cols);
-      ks.launch(KernelFamily::down_dgrad, slot_tile_blocks(TK, dg.bm, dg.bn, E, cols), dd, stream, a.observer);
+      ks.launch_gemm(KernelFamily::down_dgrad, chunk, dd, stream, a.observer);
       w2.n_col0 = c0;
       w2.n_cols = cols;
       w2.b_ld = bs.hg_cols;
@@ -277,7 +273,7 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
       // dW2's columns of this chunk (bf16, or an fp32 main gradient)
       const char* chunk_out = static_cast<const char*>(w2.out0) + int64_t{c0} * dtype_bytes(a.dw2.dtype);
       attach_output_maps(w2, wt2, E, d, cols, n, chunk_out, nullptr);
-      ks.launch(KernelFamily::down_wgrad, E * ceil_div(d, wt2.bm) * ceil_div(cols, wt2.bn), w2, stream, a.observer);
+      ks.launch_gemm(KernelFamily::down_wgrad, chunk, w2, stream, a.observer);
     }
   }
   GateGradArgs gg{rv.token_index_map, dptr<float>(a.scratch, bs.partials), TK, d_gates};
@@ -293,15 +289,13 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
     RouterBackwardArgs rb{dptr<float>(a.scratch, bs.logits), dptr<int>(a.scratch, bs.ids), d_gates, l.route_scale, T,
                           dptr<void>(a.scratch, bs.d_logits)};
     ks.launch(KernelFamily::router_backward, ceil_div(T, kRouterWarpsPerBlock), rb, stream, a.observer);
-    const TileConfig& rd = ks.get(KernelFamily::router_dgrad).generated.spec.tile;
     RouterGemmArgs rdg{nullptr, cptr(a.w_router), dptr<void>(a.scratch, bs.d_logits), T, dptr<void>(a.dx), 0};
-    ks.launch(KernelFamily::router_dgrad, ceil_div(T, rd.bm) * ceil_div(d, rd.bn), rdg, stream, a.observer);
+    ks.launch_gemm(KernelFamily::router_dgrad, step, rdg, stream, a.observer);
     const TileConfig& rw = ks.get(KernelFamily::router_wgrad).generated.spec.tile;
     const int splits = router_wgrad_splits(T, E, d, rw.bm, rw.bn, rw.bk, bs.union_bytes);
     RouterGemmArgs rwg{cptr(a.x), nullptr, dptr<void>(a.scratch, bs.d_logits), T, dptr<void>(a.dw_router),
                        a.dw_router.dtype == DType::f32 ? 1 : 0, dptr<float>(a.scratch, bs.router_parts), splits, 0};
-    const int64_t tiles = ceil_div(padded_experts(E), rw.bm) * ceil_div(d, rw.bn);
-    ks.launch(KernelFamily::router_wgrad, tiles * splits, rwg, stream, a.observer);
+    ks.launch_gemm(KernelFamily::router_wgrad, {.tokens = T, .splits = splits}, rwg, stream, a.observer);
     if (splits > 1) {
       rwg.pass = 1;  // the parts' sum: E d / 4 float4 lanes, one wave of blocks
       ks.launch(KernelFamily::router_wgrad, kRouterWgradBlocks, rwg, stream, a.observer);
@@ -312,14 +306,14 @@ void MoeLayer::backward(const ForwardState& s, const BackwardArgs& a, CUstream s
   WgradArgs w1{rv, H, cptr(a.x), dptr<void>(a.dw1), const_cast<void*>(second_part(l, a.dw1, a.dw3)), accumulate};
   attach_dh_map(w1, wt1, TK, int64_t{G} * n);
   attach_output_maps(w1, wt1, E, n, d, d, w1.out0, G == 2 ? w1.out1 : nullptr, l.w1_rows());
-  ks.launch(KernelFamily::gate_up_wgrad, E * ceil_div(G * n, wt1.bm) * ceil_div(d, wt1.bn), w1, stream, a.observer);
+  ks.launch_gemm(KernelFamily::gate_up_wgrad, step, w1, stream, a.observer);
   // 6. Token gradient: per-slot dx, then the fixed-order sum over each token's K slots (added
   // onto the router's part of dx where there is a router).
   const TileConfig& ud = ks.get(KernelFamily::gate_up_dgrad).generated.spec.tile;
   GateUpDgradArgs udg{rv, H, cptr(a.w1), second_part(l, a.w1, a.w3), dptr<void>(a.scratch, bs.dxs)};
   attach_weight_maps(udg, ud, l, TK);
   attach_output_map(udg, ud, l, TK);
-  ks.launch(KernelFamily::gate_up_dgrad, slot_tile_blocks(TK, ud.bm, ud.bn, E, d), udg, stream, a.observer);
+  ks.launch_gemm(KernelFamily::gate_up_dgrad, step, udg, stream, a.observer);
   CombineArgs sum{rv.token_index_map, nullptr, dptr<void>(a.scratch, bs.dxs), T, dptr<void>(a.dx),
                   l.router != RouterKind::none ? 1 : 0};
   ks.launch(KernelFamily::combine, T, sum, stream, a.observer);

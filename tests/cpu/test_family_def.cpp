@@ -14,6 +14,7 @@
 #include "generator/family_def.hpp"
 #include "generator/heuristics.hpp"
 #include "generator/kernel_layer.hpp"
+#include "runtime/kernel_set.hpp"
 #include "runtime/layer_buffers.hpp"
 #include "runtime/moe_layer.hpp"
 #include "tuner/timing.hpp"
@@ -253,6 +254,29 @@ TEST_CASE("family_def: family_tiles gives every launch of forward and backward t
   CHECK(forward_chunks(mixtral) > 1);
   CHECK(backward_chunk_cols(mixtral) < mixtral.shape.ffn);
   CHECK(launches > 10000);
+}
+
+// The launches go through KernelSet::launch_gemm: its tile count is family_tiles of the set's
+// layer and of the tile each family's kernel was built with.
+TEST_CASE("family_def: KernelSet::gemm_tiles counts with the set's layer and each kernel's own tile") {
+  const LayerConfig l = find_preset("mixtral-8x7b").layer;
+  std::vector<BuiltKernel> kernels;
+  for (const KernelSpec& spec : layer_kernel_specs(l, Arch::sm_90a)) {
+    BuiltKernel k;
+    k.generated.spec = spec;
+    if (spec.family == KernelFamily::down_wgrad) k.generated.spec.tile = wgmma_tile(256, 128, 4, Mainloop::persistent);
+    kernels.push_back(k);
+  }
+  const KernelSet ks = KernelSet::from_kernels(l, kernels);
+  for (KernelFamily f : all_families()) {
+    if (!is_tiled(f)) continue;
+    CAPTURE(to_string(f));
+    const TileConfig& t = ks.get(f).generated.spec.tile;
+    for (const LaunchExtent& e : {LaunchExtent{.tokens = 4097}, LaunchExtent{.tokens = 4097, .slot_chunk = 2049},
+                                  LaunchExtent{.tokens = 4097, .col_chunk = 3584}, LaunchExtent{.tokens = 7, .splits = 2}})
+      CHECK(ks.gemm_tiles(f, e) == family_tiles(family_problem(f, l, e), t));
+  }
+  CHECK(ks.gemm_tiles(KernelFamily::down_wgrad, {.tokens = 4097}) == 8 * ceil_div(4096, 256) * ceil_div(14336, 128));
 }
 
 TEST_CASE("family_def: family_flops is what tuner/timing.cpp computed, bit for bit, for every family") {

@@ -1,5 +1,6 @@
 // The expert GEMMs' tile schedules (templates/moeblaze/gemm/scheduler/tile_schedule.cuh) on the host:
-// every output tile exactly once within the launched grid, in both schedule orders.
+// every output tile exactly once within the launched grid (family_tiles, as the runtime
+// launches it), in both schedule orders.
 #include <doctest/doctest.h>
 
 #include <map>
@@ -8,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "generator/family_def.hpp"
 #include "moeblaze/gemm/scheduler/tile_schedule.cuh"
 
 using namespace moeblaze;
@@ -15,6 +17,20 @@ using namespace moeblaze;
 namespace {
 
 constexpr int E = 12, BM = 128, BN = 128, N_OUT = 1000, N_TILES = (N_OUT + BN - 1) / BN;
+
+// The grid the runtime launches over M rows of `kind` and N_OUT (or `cols`) output columns.
+long long launch_grid(RowKind kind, int64_t rows, int cols = N_OUT, bool slot_chunk = false) {
+  GemmProblem p;
+  p.m_kind = kind;
+  p.rows = rows;
+  p.cols = cols;
+  p.batch = E;
+  p.slot_chunk = slot_chunk;
+  TileConfig t;
+  t.bm = BM;
+  t.bn = BN;
+  return family_tiles(p, t);
+}
 
 struct Routing {
   std::vector<int> offsets;      // [E+1]
@@ -53,7 +69,7 @@ std::vector<std::tuple<int, int, int>> walk(long long grid, Decode&& decode) {
 template <bool SWAP>
 void check_slot_schedule(const Routing& r) {
   INFO("swap " << SWAP);
-  const long long grid = slot_tile_blocks(r.slots(), BM, BN, E, N_OUT);
+  const long long grid = launch_grid(RowKind::expert_slots, r.slots());
   std::set<std::tuple<int, int, int>> unique;
   int expected = 0;
   for (int e = 0; e < E; ++e) expected += (r.offsets[e + 1] - r.offsets[e] + BM - 1) / BM * N_TILES;
@@ -88,7 +104,7 @@ void check_chunked_schedule(const Routing& r, int chunks) {
   std::map<int, std::vector<int>> slots_per_n;  // n_tile -> how often each slot is covered
   for (int lo = 0; lo < TK; lo += per) {
     const int hi = std::min(TK, lo + per);
-    const long long grid = ((hi - lo + BM - 1) / BM + 2LL * E) * N_TILES;  // moe_layer.cpp chunk_tile_blocks
+    const long long grid = launch_grid(RowKind::expert_slots, hi - lo, N_OUT, true);
     int valid = 0;
     for (int tile = 0; tile < grid + N_TILES * 4; ++tile) {  // past the grid: nothing more
       const gemm::SlotTile t = gemm::chunk_slot_tile<BM, BN, E, N_OUT, SWAP>(tile, r.offsets.data(), lo, hi);
@@ -115,7 +131,8 @@ void check_wgrad_schedule(const Routing& r) {
   const int TM = (M + BM - 1) / BM;
   const RoutingView rv{nullptr, r.offsets.data(), nullptr, nullptr, r.tile_prefix.data(), nullptr, 0};
   std::set<std::tuple<int, int, int>> unique;
-  const int grid = E * TM * N_TILES;
+  const int grid = static_cast<int>(launch_grid(RowKind::weight_rows, M));
+  CHECK(grid == E * TM * N_TILES);
   for (int tile = 0; tile < grid + 5; ++tile) {
     const gemm::WgradTile w = gemm::wgrad_tile<BM, BN, E, M, N_OUT, SWAP>(tile, rv);
     CHECK(w.valid == (tile < grid));
@@ -146,7 +163,7 @@ TEST_CASE("tile schedules: every tile once, in both orders (slot tiles, chunks, 
     check_wgrad_schedule<true>(r);
     // A column chunk: N tiles [2, 5) only.
     std::set<std::pair<int, int>> cols;
-    const long long grid = slot_tile_blocks(r.slots(), BM, BN, E, 3 * BN);
+    const long long grid = launch_grid(RowKind::expert_slots, r.slots(), 3 * BN);
     for (int tile = 0; tile < grid; ++tile) {
       const gemm::SlotTile t = gemm::slot_tile_cols<BM, BN, E, true>(tile, r.tile_prefix.data(), r.offsets.data(), 3, 2);
       if (!t.valid) continue;
