@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/errors.hpp"
+#include "family_def.hpp"
 
 namespace moeblaze {
 namespace {
@@ -27,7 +28,7 @@ constexpr double kWgmmaIssueCols = 16;
 
 struct Geometry {
   double rows_per_expert;  // M of one expert's GEMM
-  int cols;                // N
+  int cols;                // N (gate_up: one part's, the columns its tiles cover)
   int reduction;           // K of the GEMM
   int acc_cols;            // accumulator columns a tile holds (gate_up: its stacked W1 | W3 parts)
   int out_cols;            // output columns a tile covers (gate_up: one part's bn)
@@ -36,27 +37,44 @@ struct Geometry {
   bool weights_b;          // B is an expert's weights (the slot-tiled GEMMs)
 };
 
-Geometry geometry(const KernelSpec& s, double slots) {
-  const MoeShape& m = s.layer.shape;
-  const int G = s.layer.gate_parts();
-  const TileConfig& t = s.tile;
-  switch (s.family) {
-    // H = gather(x) [W1; W3]^T: the tile holds G parts of bn columns; its epilogue writes H's
-    // parts and h.
-    case KernelFamily::gate_up: return {slots, m.ffn, m.hidden, G * t.bn, t.bn, double(G + 1), true, false, true};
-    case KernelFamily::down_proj: return {slots, m.hidden, m.ffn, t.bn, t.bn, 1, false, false, true};
-    // dh = gather(dy) W2: the epilogue reads H's parts and writes dH's and hg.
-    case KernelFamily::down_dgrad: return {slots, m.ffn, m.hidden, t.bn, t.bn, double(2 * G + 1), true, false, true};
-    case KernelFamily::gate_up_dgrad: return {slots, m.hidden, G * m.ffn, t.bn, t.bn, 1, false, false, true};
-    // dW1 | dW3 = dH^T gather(x): M = G n, N = d, reduced over an expert's slots.
-    case KernelFamily::gate_up_wgrad:
-      return {double(G * m.ffn), m.hidden, int(std::ceil(slots)), t.bn, t.bn, 1, false, true, false};
-    // dW2 = gather(dy)^T hg: M = d, N = n.
-    case KernelFamily::down_wgrad:
-      return {double(m.hidden), m.ffn, int(std::ceil(slots)), t.bn, t.bn, 1, true, false, false};
+// What the model adds to a family's GEMM (generator/family_def.hpp): its epilogue's traffic and
+// which operand the producer gathers.
+struct EpilogueTerms {
+  double epilogue_elems;
+  bool gathered_a, gathered_b;
+};
+
+EpilogueTerms epilogue_terms(KernelFamily f, int G) {
+  switch (f) {
+    // gate_up writes H's parts and h; down_dgrad reads H's parts and writes dH's and hg.
+    case KernelFamily::gate_up: return {double(G + 1), true, false};
+    case KernelFamily::down_proj: return {1, false, false};
+    case KernelFamily::down_dgrad: return {double(2 * G + 1), true, false};
+    case KernelFamily::gate_up_dgrad: return {1, false, false};
+    case KernelFamily::gate_up_wgrad: return {1, false, true};
+    case KernelFamily::down_wgrad: return {1, true, false};
     default: break;
   }
-  throw InvalidArgument("family", fmt::format("the cost model covers the expert GEMMs, not {}", to_string(s.family)));
+  throw InvalidArgument("family", fmt::format("the cost model covers the expert GEMMs, not {}", to_string(f)));
+}
+
+// One expert's GEMM, its slots at their average under uniform routing (`slots`): M of the
+// slot-tiled families, K of the weight gradients.
+Geometry geometry(const KernelSpec& s, int64_t tokens, double slots) {
+  const EpilogueTerms e = epilogue_terms(s.family, s.layer.gate_parts());
+  const GemmProblem p = family_problem(s.family, s.layer, {.tokens = tokens});
+  const bool slot_rows = p.m_kind == RowKind::expert_slots;
+  Geometry g;
+  g.rows_per_expert = slot_rows ? slots : double(p.rows);
+  g.cols = static_cast<int>(p.tile_cols());
+  g.reduction = slot_rows ? static_cast<int>(p.reduction) : int(std::ceil(slots));
+  g.acc_cols = p.parts * s.tile.bn;
+  g.out_cols = s.tile.bn;
+  g.epilogue_elems = e.epilogue_elems;
+  g.gathered_a = e.gathered_a;
+  g.gathered_b = e.gathered_b;
+  g.weights_b = slot_rows;
+  return g;
 }
 
 int tile_class(const TileConfig& t) {
@@ -107,7 +125,7 @@ CostTerms cost_terms(const KernelSpec& spec, int64_t tokens, const DeviceModel& 
   const MoeShape& m = spec.layer.shape;
   if (tokens <= 0) throw InvalidArgument("tokens", "the cost model needs the step's token count (T > 0)");
   const double slots = double(tokens) * m.topk / m.experts;  // an expert's slots, uniform routing
-  const Geometry g = geometry(spec, slots);
+  const Geometry g = geometry(spec, tokens, slots);
   CostTerms c;
   c.tile_class = tile_class(t);
   const int pair = std::max(1, t.cluster_m);

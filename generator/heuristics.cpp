@@ -2,20 +2,16 @@
 
 #include <optional>
 
+#include "family_def.hpp"
 #include "kernel_layer.hpp"
 
 namespace moeblaze {
 
 int output_columns(KernelFamily f, const LayerConfig& l) {
-  switch (f) {
-    case KernelFamily::gate_up:
-    case KernelFamily::down_dgrad:
-    case KernelFamily::down_wgrad: return l.shape.ffn;
-    case KernelFamily::down_proj:
-    case KernelFamily::gate_up_dgrad:
-    case KernelFamily::gate_up_wgrad: return l.shape.hidden;
-    default: return 0;
-  }
+  if (!is_tiled(f)) return 0;
+  const GemmProblem p = family_problem(f, l);
+  const bool expert_gemm = p.m_kind == RowKind::expert_slots || p.m_kind == RowKind::weight_rows;
+  return expert_gemm ? static_cast<int>(p.tile_cols()) : 0;
 }
 
 bool fits_192_better(KernelFamily family, const LayerConfig& layer) {
@@ -123,8 +119,7 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
     auto slot_rows_tile = [&](Mainloop mainloop) {
       if (const TileConfig blocks = blocks_store_tile(); legal(blocks)) return blocks;
       const TileConfig wide = wide_tile(mainloop);
-      const int reduction = family == KernelFamily::down_proj ? layer.shape.ffn : layer.gate_parts() * layer.shape.ffn;
-      if (reduction > kShortSlotReduction) return wide;
+      if (family_problem(family, layer).reduction > kShortSlotReduction) return wide;
       TileConfig staged = wgmma_tile(wide.bm, wide.bn, 3, Mainloop::persistent);
       staged.tma_contiguous = wide.tma_contiguous;
       staged.tma_store = true;
