@@ -12,10 +12,13 @@ from pathlib import Path
 from tile_cost import table_lines, tile_costs
 
 SUITE = json.loads((Path(__file__).resolve().parent / "suite.json").read_text())["shapes"]
+# The held-out shapes run by name too (bench/plan.py): their plot bars are at their own T.
+HELDOUT = json.loads((Path(__file__).resolve().parent / "heldout.json").read_text())["shapes"]
 
 
 def suite_tokens(name):
-    return next(s["T"] for s in SUITE if s["name"] == name)
+    """The shape's benchmark T: the suite's, else the held-out set's; None for any other shape."""
+    return next((s["T"] for s in SUITE + HELDOUT if s["name"] == name), None)
 
 
 PEERS = ("sonicmoe", "megablocks")

@@ -111,3 +111,14 @@ def test_the_plot_colours_bars_by_implementation_and_names_its_axis(tmp_path):
     assert list(c1) == ["moeblaze", "sonicmoe", "torch-grouped_mm"]
     assert (tmp_path / "one.png").stat().st_size > 0
     assert "18TKdn" not in report.Y_LABEL and "TFLOP/s" in report.Y_LABEL
+
+
+def test_the_plot_takes_held_out_shapes_at_their_own_tokens(tmp_path):
+    import pytest
+    pytest.importorskip("matplotlib")
+    ho = report.HELDOUT[0]
+    rows = [row("moeblaze", 10.0, shape=ho["name"], T=ho["T"]), row("sonicmoe", 9.0, shape=ho["name"], T=ho["T"]),
+            row("moeblaze", 12.0, shape="not-a-listed-shape", T=4096)]
+    colours = report.write_plot(res_of(rows), tmp_path / "ho.png")
+    assert list(colours) == ["moeblaze", "sonicmoe"] and (tmp_path / "ho.png").stat().st_size > 0
+    assert report.suite_tokens("not-a-listed-shape") is None
