@@ -4,11 +4,13 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "cli/commands.hpp"
 #include "cli/json_report.hpp"
 #include "core/errors.hpp"
+#include "runtime/compile_processes.hpp"
 
 namespace {
 
@@ -63,6 +65,11 @@ int main(int argc, char** argv) {
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
     return fail(json, "bad_argument", e.what(), 2, "", help);
   }
+  // The CLI builds on one thread, so its compiles can run in forked children, which NVRTC's
+  // process-wide lock does not serialise (runtime/compile_processes.hpp). MOEBLAZE_COMPILE_PROCESSES=0
+  // keeps them in threads.
+  const char* in_processes = std::getenv("MOEBLAZE_COMPILE_PROCESSES");
+  moeblaze::set_compile_in_processes(!(in_processes && std::string(in_processes) == "0"));
   try {
     for (auto& c : commands)
       if (c.selected()) {

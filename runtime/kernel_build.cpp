@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "cache_keys.hpp"
+#include "compile_processes.hpp"
 #include "core/parallel.hpp"
 
 namespace moeblaze {
@@ -107,35 +108,61 @@ std::vector<KernelBuild> build_kernels(const std::vector<KernelSpec>& specs, con
     } catch (...) {
     }
   }
-  parallel_tasks(static_cast<int64_t>(misses.size()), [&](int64_t m) {
-    const size_t i = misses[m];
-    try {
-      BuiltKernel b;
-      b.generated = generated[i];
-      b.compiled = compile_kernel(b.generated.source, CompileOptions{specs[i].arch, {}, o.keep_ptx});
-      {
-        std::lock_guard lock(cache_mutex);
-        bool stored = false;
-        try {
-          if (cache && cache->writable()) {
-            cache->put_binary(to_cached(b, keys[i]));
-            stored = true;
-          }
-        } catch (const CacheError& e) {
-          drop_cache(e);
+  // One compiled kernel: into the cache (one connection: one thread at a time) and the result.
+  auto keep = [&](size_t i, CompiledKernel&& compiled) {
+    BuiltKernel b;
+    b.generated = generated[i];
+    b.compiled = std::move(compiled);
+    {
+      std::lock_guard lock(cache_mutex);
+      bool stored = false;
+      try {
+        if (cache && cache->writable()) {
+          cache->put_binary(to_cached(b, keys[i]));
+          stored = true;
         }
-        if (stores && !stored) ++not_stored;
+      } catch (const CacheError& e) {
+        drop_cache(e);
       }
-      out[i].kernel = std::move(b);
-    } catch (...) {
-      out[i].error = std::current_exception();
+      if (stores && !stored) ++not_stored;
     }
-    // A progress callback that throws must not count as this kernel's failure.
+    out[i].kernel = std::move(b);
+  };
+  // A progress callback that throws must not count as a kernel's failure.
+  auto reported = [&] {
     try {
       report(true);
     } catch (...) {
     }
-  }, o.threads);
+  };
+  if (compile_in_processes() && misses.size() > 1) {
+    std::vector<const KernelSource*> sources;
+    std::vector<CompileOptions> options;
+    for (size_t i : misses) {
+      sources.push_back(&generated[i].source);
+      options.push_back(CompileOptions{specs[i].arch, {}, o.keep_ptx});
+    }
+    compile_forked(sources, options, o.threads, [&](size_t m, CompiledKernel* kernel, std::exception_ptr error) {
+      const size_t i = misses[m];
+      try {
+        if (error) std::rethrow_exception(error);
+        keep(i, std::move(*kernel));
+      } catch (...) {
+        out[i].error = std::current_exception();
+      }
+      reported();
+    });
+  } else {
+    parallel_tasks(static_cast<int64_t>(misses.size()), [&](int64_t m) {
+      const size_t i = misses[m];
+      try {
+        keep(i, compile_kernel(generated[i].source, CompileOptions{specs[i].arch, {}, o.keep_ptx}));
+      } catch (...) {
+        out[i].error = std::current_exception();
+      }
+      reported();
+    }, o.threads);
+  }
   if (counts) {
     if (counts->cache_error.empty()) counts->cache_error = cache_error;
     counts->not_stored += not_stored;

@@ -46,7 +46,9 @@ void set_build_progress_listener(BuildProgressFn listener);
 
 struct BuildOptions {
   KernelCache* cache = nullptr;  // null: compile every kernel, store nothing
-  unsigned threads = 0;          // compile threads (0: the hardware's)
+  // Compile threads, or child processes where compile_in_processes() (compile_processes.hpp)
+  // (0: the hardware's threads; processes: also capped by memory).
+  unsigned threads = 0;
   // Also keep each kernel's PTX. Cached binaries have none, so every kernel is compiled
   // (and still stored).
   bool keep_ptx = false;
