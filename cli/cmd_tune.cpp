@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -14,6 +15,7 @@
 #include "cli/json_report.hpp"
 #include "core/checked.hpp"
 #include "runtime/cuda_driver.hpp"
+#include "tuner/candidates.hpp"
 #include "tuner/measure.hpp"
 #include "tuner/tuner.hpp"
 
@@ -51,6 +53,7 @@ Command tune_command() {
     CLI::App* app = nullptr;
     ShapeOptions shape;
     std::vector<long long> tokens;
+    std::vector<std::string> families;
     std::string db, routing = "router", baseline_out;
     double budget = 300;
     int samples = 10, candidates = 12, widen = 0;
@@ -69,6 +72,9 @@ Command tune_command() {
     st->app->add_option("--candidates", st->candidates,
                         "candidates per kernel family (plus the default tile of each token count, if the cut left it out)")
         ->capture_default_str();
+    st->app->add_option("--family", st->families,
+                        "a tiled kernel family to tune (repeatable; default: every one); the others keep what the cache has. "
+                        "With a large --candidates, every legal tile of its space: an exhaustive search");
     st->app->add_option("--widen", st->widen,
                         "rounds of the winner's neighbours (the kernel layer's space) timed after each family's first "
                         "timing, while the budget lasts (not yet run on a GPU); 0: none")
@@ -97,6 +103,20 @@ Command tune_command() {
     o.budget_s = st->budget;
     o.samples = st->samples;
     o.candidates_per_family = st->candidates;
+    for (const std::string& f : st->families) {
+      try {
+        const KernelFamily family = parse_family(f);
+        const std::vector<KernelFamily> tunable = tunable_families(o.layer);
+        if (std::find(tunable.begin(), tunable.end(), family) == tunable.end()) {
+          std::string names;
+          for (KernelFamily t : tunable) names += (names.empty() ? "" : ", ") + to_string(t);
+          throw InvalidArgument("--family", fmt::format("{} is not a tiled kernel family of this layer (tunable: {})", f, names));
+        }
+        if (std::find(o.families.begin(), o.families.end(), family) == o.families.end()) o.families.push_back(family);
+      } catch (const InvalidArgument& e) {
+        throw InvalidArgument("--family", e.reason);
+      }
+    }
     require_in_range(st->widen, 0, 16, "--widen");
     o.widen_rounds = st->widen;
     // Progress goes to stderr, so it stays with --json (stdout holds only the report).

@@ -44,7 +44,7 @@ using Candidates = std::map<KernelFamily, std::vector<Candidate>>;
 std::vector<Candidate> list_candidates(const TuneOptions& o, const LayerConfig& layer, Arch arch,
                                        const DeviceModel& model) {
   std::vector<Candidate> flat;
-  for (KernelFamily f : tunable_families(layer)) {
+  for (KernelFamily f : o.families.empty() ? tunable_families(layer) : o.families) {
     std::vector<TileConfig> tiles = tile_candidates(f, layer, arch, o.candidates_per_family, o.tokens.front(), model);
     for (int64_t T : o.tokens) {
       const TileConfig def = default_tile(f, layer, arch, T);
@@ -484,9 +484,18 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
     rep.device = device_fingerprint(ctx->info());
   }
 
+  const std::vector<KernelFamily> tunable = tunable_families(layer);
+  for (KernelFamily f : o.families)
+    if (std::find(tunable.begin(), tunable.end(), f) == tunable.end()) {
+      std::string names;
+      for (KernelFamily t : tunable) names += (names.empty() ? "" : ", ") + to_string(t);
+      throw InvalidArgument("families", fmt::format("{} is not a tiled kernel family of this layer (tunable: {})",
+                                                    to_string(f), names));
+    }
+  const size_t family_count = o.families.empty() ? tunable.size() : o.families.size();
   const DeviceModel model = gpu ? device_model_for(ctx->info().name, ctx->info().sm_count) : DeviceModel{};
   std::vector<Candidate> flat = list_candidates(o, layer, arch, model);
-  say(fmt::format("compiling {} candidates of {} families for {} ({})", flat.size(), tunable_families(layer).size(),
+  say(fmt::format("compiling {} candidates of {} families for {} ({})", flat.size(), family_count,
                   rep.layer, to_string(arch)),
       false);
   const auto t_compile = Clock::now();

@@ -23,6 +23,9 @@ struct TuneOptions {
   int samples = 10;                 // timed samples per candidate (at least 10)
   double warmup_ms = 200;           // warm-up by time before measuring
   int candidates_per_family = 12;  // plus each T's default tile where this cut leaves it out
+  // The families to tune (empty: every tiled family of the layer, tunable_families); the others
+  // keep what they have. Each must be a tiled family of the layer.
+  std::vector<KernelFamily> families;
   // After a family's first timing, rounds of the winner's neighbours in the kernel layer's space
   // (generator/tile_space.hpp), compiled and timed beside the candidates so far, while the
   // budget lasts, the winner changes and the cost model gives a neighbour a chance. Off by

@@ -229,6 +229,29 @@ TEST_CASE("tuner: without a GPU, tune compiles every candidate into the cache an
   CHECK(again.from_cache == r.candidates);
 }
 
+TEST_CASE("tuner: --family tunes the families named and no other; an untiled family is refused by name") {
+  TempDir dir;
+  KernelCache cache((dir.path / "k.db").string());
+  TuneOptions o;
+  o.layer = small_layer();
+  o.tokens = {1000};
+  o.candidates_per_family = 1;
+  o.families = {KernelFamily::router_topk};
+  CHECK_THROWS_WITH_AS(tune_layer(o, cache), doctest::Contains("router_topk is not a tiled kernel family"),
+                       InvalidArgument);
+  CHECK(cache.summary().binaries == 0);
+  if (gpu_available()) {
+    MESSAGE("a GPU is present: the compile-only path is not taken here");
+    return;
+  }
+  o.families = {KernelFamily::down_wgrad};
+  const TuneReport r = tune_layer(o, cache);
+  CHECK(r.candidates >= 1);
+  CHECK(r.candidates <= 2);  // the one candidate, plus the T's default if the cut left it out
+  CHECK(r.compiled == r.candidates);
+  for (const FamilyTuning& f : r.families) CHECK(f.family == "down_wgrad");
+}
+
 TEST_CASE("tuner: a compile-only tune says when candidates failed to compile, and why") {
   if (gpu_available()) {
     MESSAGE("a GPU is present: the compile-only path is not taken here");
