@@ -272,9 +272,11 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
         // GatherColsMN, against the hand-written tile below (bench/ab.py, the same call, two
         // alternating rounds, H100 SXM): qwen3-30b-a3b 2.928 -> 2.684 ms, deepseek-v3 16.278 ->
         // 15.502. On many slots (mixtral-8x7b) it lost (12.997 -> 13.492): the hand-written
-        // _tmastore64 tile stays there. Where d is a multiple of 256 (whole column tiles).
+        // _tmastore64 tile stays there. Where d is a multiple of 256 (whole column tiles), and for
+        // separate W1 / W3 only: the layer's dW1 | dW3 maps into the fused [E, 2n, d] layout have
+        // not been grad-checked on a GPU with this tile (the hand-written tile has).
         if (family == KernelFamily::gate_up_wgrad && few_slots_per_expert(layer, tokens) &&
-            layer.shape.hidden % 256 == 0) {
+            layer.shape.hidden % 256 == 0 && layer.weight_layout == WeightLayout::separate) {
           const TileConfig four = moeblaze::kernel_layer_tile(128, 256, 4, Mainloop::persistent);
           if (legal(four)) return four;
         }
