@@ -312,6 +312,8 @@ kind_tiles() {
     cute_wgrad)
       local s=_tmacontig_tmastore
       echo "--tile down_wgrad=256x128x64_w8x1_s3_persist${s}_cluster2x1_cute --tile gate_up_wgrad=128x256x64_w8x1_s4_persist${s}_cute" ;;
+    cute_wgrad_fused)  # the few-slot default's tile, into the fused gate_up layout's dW1 | dW3
+      echo "--tile gate_up_wgrad=128x256x64_w8x1_s4_persist_tmacontig_tmastore_cute" ;;
     cute_wgrad_alt)
       local s=_tmacontig_tmastore
       echo "--tile down_wgrad=128x256x64_w8x1_s4_persist${s}_cute --tile gate_up_wgrad=256x128x64_w8x1_s3_persist${s}_cute" ;;
@@ -323,7 +325,7 @@ kind_tiles() {
   esac
 }
 ALL_KINDS="wgmma ws persist tma_fwd tma_wgrad tma_dgrad bn192 bn_narrow bn_narrow_wide bn224 tmastore tmastore_small slot_tmastore tmastore64 directarrive wgrad256 dgrad_wide
-dgrad_narrow altorder pingpong pingpong64 cluster pingpong_cluster pingpong_wide pingpong_wide_cluster cute cute_alt cute96 cute96_pair cute_wgrad cute_wgrad_alt"
+dgrad_narrow altorder pingpong pingpong64 cluster pingpong_cluster pingpong_wide pingpong_wide_cluster cute cute_alt cute96 cute96_pair cute_wgrad cute_wgrad_alt cute_wgrad_fused"
 KINDS=${MOEBLAZE_DEV_KINDS:-$ALL_KINDS}
 for k in $KINDS; do
   case " $(echo $ALL_KINDS) " in *" $k "*) ;; *) echo "gpu_run: unknown kind '$k' in MOEBLAZE_DEV_KINDS; kinds: $(echo $ALL_KINDS)" >&2; exit 2 ;; esac
@@ -351,6 +353,9 @@ case_args() {
     cols192) echo "grad-check -E 8 -K 2 -d 384 -n 192 -T 300" ;;  # 192-wide tiles fill d and n exactly
     ragged192) echo "grad-check -E 60 -K 4 -d 448 -n 320 -T 777 --activation geglu" ;;
     skew192) echo "grad-check -E 64 -K 8 -d 576 -n 192 -T 1000 --router none --routing skewed" ;;
+    fused_gated) echo "grad-check -E 64 -K 8 -d 256 -n 256 -T 1000 --router none --routing skewed --weight-layout fused" ;;  # hot experts
+    fused_fp32) echo "grad-check -E 16 -K 4 -d 256 -n 128 -T 700 --weight-layout fused --accumulate-fp32" ;;
+    fused_chunked_recompute) echo "grad-check -E 8 -K 2 -d 256 -n 768 -T 600 --mode recompute --weight-layout fused" ;;  # n > d
   esac
 }
 kind_cases() {
@@ -383,6 +388,7 @@ kind_cases() {
     cute96_pair) echo "grad skew_gated ragged aligned_recompute_gated chunked aligned_chunked" ;;  # and empty pair halves
     cute_wgrad) echo "skew_gated aligned aligned_recompute_gated aligned_chunked fp32" ;;  # n % 128 = 0 (the pair's hg boxes)
     cute_wgrad_alt) echo "skew_gated aligned aligned_recompute_gated aligned_chunked" ;;  # n % 256 = 0
+    cute_wgrad_fused) echo "fused_gated fused_fp32 fused_chunked_recompute" ;;  # G n % 128 = 0, d % 256 = 0
   esac
 }
 
