@@ -104,19 +104,15 @@ Command tune_command() {
     o.samples = st->samples;
     o.candidates_per_family = st->candidates;
     for (const std::string& f : st->families) {
+      KernelFamily family;
       try {
-        const KernelFamily family = parse_family(f);
-        const std::vector<KernelFamily> tunable = tunable_families(o.layer);
-        if (std::find(tunable.begin(), tunable.end(), family) == tunable.end()) {
-          std::string names;
-          for (KernelFamily t : tunable) names += (names.empty() ? "" : ", ") + to_string(t);
-          throw InvalidArgument("--family", fmt::format("{} is not a tiled kernel family of this layer (tunable: {})", f, names));
-        }
-        if (std::find(o.families.begin(), o.families.end(), family) == o.families.end()) o.families.push_back(family);
+        family = parse_family(f);
       } catch (const InvalidArgument& e) {
         throw InvalidArgument("--family", e.reason);
       }
+      if (std::find(o.families.begin(), o.families.end(), family) == o.families.end()) o.families.push_back(family);
     }
+    require_tunable(o.layer, o.families, "--family");
     require_in_range(st->widen, 0, 16, "--widen");
     o.widen_rounds = st->widen;
     // Progress goes to stderr, so it stays with --json (stdout holds only the report).

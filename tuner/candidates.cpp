@@ -6,6 +6,9 @@
 #include <string>
 #include <tuple>
 
+#include <fmt/format.h>
+
+#include "core/errors.hpp"
 #include "generator/heuristics.hpp"
 #include "generator/kernel_layer.hpp"
 #include "generator/tile_space.hpp"
@@ -17,6 +20,17 @@ std::vector<KernelFamily> tunable_families(const LayerConfig& layer) {
   for (const auto& s : layer_kernel_specs(layer, Arch::sm_90a))
     if (is_tiled(s.family)) out.push_back(s.family);
   return out;
+}
+
+void require_tunable(const LayerConfig& layer, const std::vector<KernelFamily>& families, const char* argument) {
+  const std::vector<KernelFamily> tunable = tunable_families(layer);
+  for (KernelFamily f : families)
+    if (std::find(tunable.begin(), tunable.end(), f) == tunable.end()) {
+      std::string names;
+      for (KernelFamily t : tunable) names += (names.empty() ? "" : ", ") + to_string(t);
+      throw InvalidArgument(argument, fmt::format("{} is not a tiled kernel family of this layer (tunable: {})",
+                                                  to_string(f), names));
+    }
 }
 
 namespace {

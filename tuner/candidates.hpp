@@ -13,6 +13,9 @@ namespace moeblaze {
 
 // The families the tuner measures (every tiled family).
 std::vector<KernelFamily> tunable_families(const LayerConfig& layer);
+// Throws InvalidArgument(argument, ...) naming the first of `families` that is no tiled family
+// of the layer, and the ones that are.
+void require_tunable(const LayerConfig& layer, const std::vector<KernelFamily>& families, const char* argument);
 
 // The token count the cost model ranks for where the caller gives none (a compile-only fill
 // of a cache for every T): the suite's T for the wider layers.

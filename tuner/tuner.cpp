@@ -470,6 +470,7 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
   if (o.samples < 10) throw InvalidArgument("samples", "the median needs at least 10 samples");
   const LayerConfig layer = timing_layer(o.layer, o.routing);
   layer.validate();
+  require_tunable(layer, o.families, "families");  // before a GPU context or a compile
   TuneReport rep;
   rep.layer = layer.describe();
   rep.policy = measurement_policy(o.routing);
@@ -484,15 +485,7 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
     rep.device = device_fingerprint(ctx->info());
   }
 
-  const std::vector<KernelFamily> tunable = tunable_families(layer);
-  for (KernelFamily f : o.families)
-    if (std::find(tunable.begin(), tunable.end(), f) == tunable.end()) {
-      std::string names;
-      for (KernelFamily t : tunable) names += (names.empty() ? "" : ", ") + to_string(t);
-      throw InvalidArgument("families", fmt::format("{} is not a tiled kernel family of this layer (tunable: {})",
-                                                    to_string(f), names));
-    }
-  const size_t family_count = o.families.empty() ? tunable.size() : o.families.size();
+  const size_t family_count = o.families.empty() ? tunable_families(layer).size() : o.families.size();
   const DeviceModel model = gpu ? device_model_for(ctx->info().name, ctx->info().sm_count) : DeviceModel{};
   std::vector<Candidate> flat = list_candidates(o, layer, arch, model);
   say(fmt::format("compiling {} candidates of {} families for {} ({})", flat.size(), family_count,
