@@ -68,8 +68,13 @@ int main(int argc, char** argv) {
   // The CLI builds on one thread, so its compiles can run in forked children, which NVRTC's
   // process-wide lock does not serialise (runtime/compile_processes.hpp). MOEBLAZE_COMPILE_PROCESSES=0
   // keeps them in threads.
-  const char* in_processes = std::getenv("MOEBLAZE_COMPILE_PROCESSES");
-  moeblaze::set_compile_in_processes(!(in_processes && std::string(in_processes) == "0"));
+  const std::string in_processes = std::getenv("MOEBLAZE_COMPILE_PROCESSES") ? std::getenv("MOEBLAZE_COMPILE_PROCESSES") : "";
+  if (in_processes != "" && in_processes != "0" && in_processes != "1")
+    return fail(json, "bad_argument",
+                fmt::format("MOEBLAZE_COMPILE_PROCESSES: '{}' is neither 0 (compile in threads) nor 1 (in child processes)",
+                            in_processes),
+                2, "MOEBLAZE_COMPILE_PROCESSES");
+  moeblaze::set_compile_in_processes(in_processes != "0");
   try {
     for (auto& c : commands)
       if (c.selected()) {

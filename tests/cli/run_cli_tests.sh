@@ -49,6 +49,8 @@ check "generate --ptx-dir" 0 "16 kernels compiled" "$BIN" generate --preset qwen
 check "generate --check-only" 0 "16 kernels, every tile legal" "$BIN" generate --check-only --preset mixtral-8x7b --tile gate_up_wgrad=128x256x64_w8x1_s4_persist_tmacontig_altorder
 check "older tile spellings still read" 0 "16 kernels, every tile legal" "$BIN" generate --check-only --preset mixtral-8x7b --tile gate_up_wgrad=128x256x64_w8x1_s4_wsp_tma_swap --tile down_proj=128x256x64_w8x1_s4_wsp_tma_c2
 check "generate --check-only --source" 0 "extern \"C\" __global__ void __launch_bounds__\([0-9]+, 1\) mb_gate_up_wgrad_E128_K8_d2048_n768_swiglu_" "$BIN" generate --check-only --source --preset qwen3-30b-a3b -T 4096
+check "MOEBLAZE_COMPILE_PROCESSES neither 0 nor 1" 2 "MOEBLAZE_COMPILE_PROCESSES: 'yes' is neither 0" env MOEBLAZE_COMPILE_PROCESSES=yes "$BIN" presets
+check "MOEBLAZE_COMPILE_PROCESSES=0 compiles in threads" 0 "kernels compiled" env MOEBLAZE_COMPILE_PROCESSES=0 "$BIN" generate -E 8 -K 2 -d 64 -n 64 -T 100 --db "$TMP/threads.db"
 check "generate --check-only illegal tile" 2 "tile: .*down_dgrad: TMA down_dgrad tiles need d % 64" "$BIN" generate --check-only -E 60 -K 4 -d 136 -n 200 --tile down_dgrad=128x256x64_w8x1_s4_ws_tmacontig
 # The default gate_up's file, whatever its tile (its name ends with the tile).
 up_ptx=$(ls "$TMP"/ptx/mb_gate_up_E128_K8_d2048_n768_swiglu_*.ptx 2>/dev/null | head -n 1)
