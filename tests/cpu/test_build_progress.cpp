@@ -8,26 +8,12 @@
 
 #include "cache_test_util.hpp"
 #include "generator/heuristics.hpp"
+#include "index_build_specs.hpp"
 #include "runtime/kernel_build.hpp"
 
 using namespace moeblaze;
 
-namespace {
-
-// Three small kernels of a small layer (the index build: quick to compile).
-std::vector<KernelSpec> small_specs() {
-  LayerConfig l;
-  l.shape = {8, 2, 64, 64};
-  std::vector<KernelSpec> out;
-  for (const KernelSpec& s : layer_kernel_specs(l, Arch::sm_90a))
-    if (s.family == KernelFamily::index_count || s.family == KernelFamily::index_scan ||
-        s.family == KernelFamily::index_scatter)
-      out.push_back(s);
-  REQUIRE(out.size() == 3);
-  return out;
-}
-
-}  // namespace
+using test_util::index_build_specs;
 
 TEST_CASE("build progress: the line counts and estimates") {
   CHECK(BuildProgress{0, 108, 0.2}.line("candidates") == "compiled 0 of 108 candidates, 0s");
@@ -38,7 +24,7 @@ TEST_CASE("build progress: the line counts and estimates") {
 TEST_CASE("build progress: one call before the compiles and one after each, none when all are cached") {
   cache_test::TempDir dir;
   KernelCache cache(dir.file("k.db"));
-  const auto specs = small_specs();
+  const auto specs = index_build_specs();
   std::mutex m;
   std::vector<BuildProgress> seen;
   BuildOptions o{&cache};
@@ -64,7 +50,7 @@ TEST_CASE("build progress: one call before the compiles and one after each, none
 }
 
 TEST_CASE("build progress: the process's listener hears builds that name no callback") {
-  const auto specs = small_specs();
+  const auto specs = index_build_specs();
   std::mutex m;
   int calls = 0, last_done = -1;
   set_build_progress_listener([&](const BuildProgress& p) {
@@ -81,7 +67,7 @@ TEST_CASE("build progress: the process's listener hears builds that name no call
 }
 
 TEST_CASE("build progress: a callback that throws fails no kernel") {
-  const auto specs = small_specs();
+  const auto specs = index_build_specs();
   BuildOptions o;
   o.progress = [](const BuildProgress&) { throw std::runtime_error("progress display broke"); };
   BuildCounts counts;

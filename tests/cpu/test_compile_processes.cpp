@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cache_test_util.hpp"
+#include "index_build_specs.hpp"
 #include "core/errors.hpp"
 #include "core/parallel.hpp"
 #include "generator/heuristics.hpp"
@@ -22,18 +23,7 @@ using namespace moeblaze;
 
 namespace {
 
-// The index build of a small layer: three kernels, quick to compile.
-std::vector<KernelSpec> small_specs() {
-  LayerConfig l;
-  l.shape = {8, 2, 64, 64};
-  std::vector<KernelSpec> out;
-  for (const KernelSpec& s : layer_kernel_specs(l, Arch::sm_90a))
-    if (s.family == KernelFamily::index_count || s.family == KernelFamily::index_scan ||
-        s.family == KernelFamily::index_scatter)
-      out.push_back(s);
-  REQUIRE(out.size() == 3);
-  return out;
-}
+using test_util::index_build_specs;
 
 // Every child of this process has been waited for.
 bool no_children_left() { return ::waitpid(-1, nullptr, WNOHANG) < 0 && errno == ECHILD; }
@@ -48,7 +38,7 @@ struct InProcesses {
 }  // namespace
 
 TEST_CASE("compile processes: children give the binaries and reports of a compile in this process") {
-  const auto specs = small_specs();
+  const auto specs = index_build_specs();
   std::vector<GeneratedKernel> generated;
   std::vector<const KernelSource*> sources;
   std::vector<CompileOptions> options;
@@ -87,7 +77,7 @@ TEST_CASE("compile processes: a child's compile error comes back as a CompileErr
   bad.kernel_name = "mb_not_a_kernel";
   bad.file_name = "mb_not_a_kernel.cu";
   bad.text = "extern \"C\" __global__ void mb_not_a_kernel() { this is not C++; }\n";
-  const KernelSource good = generate(small_specs().front()).source;
+  const KernelSource good = generate(index_build_specs().front()).source;
   std::vector<std::exception_ptr> errors(2);
   std::vector<bool> compiled(2, false);
   compile_forked({&bad, &good}, {CompileOptions{}, CompileOptions{}}, 2,
@@ -111,7 +101,7 @@ TEST_CASE("compile processes: a child's compile error comes back as a CompileErr
 }
 
 TEST_CASE("compile processes: a done that throws stops the build, and every child is waited for") {
-  const auto specs = small_specs();
+  const auto specs = index_build_specs();
   std::vector<GeneratedKernel> generated;
   std::vector<const KernelSource*> sources;
   for (const KernelSpec& s : specs) generated.push_back(generate(s));
@@ -132,7 +122,7 @@ TEST_CASE("compile processes: a build in children stores, counts and reports its
   InProcesses on(true);
   cache_test::TempDir dir;
   KernelCache cache(dir.file("k.db"));
-  const auto specs = small_specs();
+  const auto specs = index_build_specs();
   int progress_calls = 0;
   BuildOptions o{&cache};
   o.progress = [&](const BuildProgress&) { ++progress_calls; };
