@@ -269,9 +269,9 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
           if (const auto cute = kernel_layer_tile()) return *cute;
         // gate_up_wgrad on few slots an expert: the kernel layer's 4-stage 128x256 tile (the
         // weight gradients' two-block staging leaves room for the fourth stage) with QuACK's
-        // GatherColsMN, against the hand-written tile below (bench/ab.py, the same call, two
-        // alternating rounds, H100 SXM): qwen3-30b-a3b 2.928 -> 2.684 ms, deepseek-v3 16.278 ->
-        // 15.502. On many slots (mixtral-8x7b) it lost (12.997 -> 13.492): the hand-written
+        // GatherColsMN, against the hand-written tile below (bench/ab.py, H100 SXM;
+        // bench/results/2026-12-07-gather-producers-ab/): qwen3-30b-a3b 2.928 -> 2.684 ms,
+        // deepseek-v3 16.278 -> 15.502. On many slots (mixtral-8x7b) it lost (12.997 -> 13.492): the hand-written
         // _tmastore64 tile stays there. Where d is a multiple of 256 (whole column tiles), and for
         // separate W1 / W3 only: the layer's dW1 | dW3 maps into the fused [E, 2n, d] layout have
         // not been grad-checked on a GPU with this tile (the hand-written tile has).
