@@ -13,13 +13,24 @@ For each shape, on the GPU machine:
 Writes DIR/results.json (every report) and DIR/table.md (the three tables and the targets).
 
 Usage: python3 bench/heldout.py --out DIR [--shapes a,b] [--exhaustive down_proj,gate_up_wgrad]
-       [--budget S] [--candidates N] [--widen N] [--deadline-s S] [--dry-run]
+       [--parts tune,exhaustive,suite] [--exhaustive-seed DB] [--budget S] [--candidates N]
+       [--widen N] [--deadline-s S] [--dry-run]
+       python3 bench/heldout.py --out DIR --table-only RESULTS.json [RESULTS.json ...]
+
+--parts runs a subset (a GPU call of ten minutes holds about two shapes' tunes, not their
+searches and suite too); the suite alone runs DIR/tuned.db that an earlier call's tune left
+there. --table-only merges the results.json of such calls.
+--exhaustive-seed copies a cache that already holds the searched tiles' binaries (compiled
+without a GPU: `moeblaze tune ... --family F --candidates 1000 --db DB` on a machine with no GPU
+only compiles) to DIR/exhaustive.db, so the GPU machine only times them. The tune from an empty
+cache is never seeded: its compile time is one of the targets.
 Environment: as bench/run_suite.sh (BUILD, MOEBLAZE_PEERS, MOEBLAZE_QUACK_RESTORE, ...)."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -38,6 +49,7 @@ DEFAULT_EXHAUSTIVE = ("down_proj", "gate_up", "gate_up_wgrad")
 DEFAULT_WITHIN = 1.03
 TUNE_GAIN = 1.03
 TUNE_SECONDS = 180
+PARTS = ("tune", "exhaustive", "suite")
 
 
 def layer_args(shape: dict) -> List[str]:
@@ -81,6 +93,26 @@ def run_json(cmd: List[str], timeout: float) -> dict:
 
 
 # ---- tables ---------------------------------------------------------------------------------
+
+
+def merge_results(runs: List[dict]) -> dict:
+    """Several calls' results.json as one: each shape's tune and exhaustive reports and the suite's
+    rows, a later run's report replacing an earlier one for the same shape and family."""
+    merged: Dict = {"meta": {}, "shapes": {}, "suite": {"results": []}}
+    for r in runs:
+        for k, v in r.get("meta", {}).items():
+            if v not in (None, "", []) or k not in merged["meta"]:
+                merged["meta"][k] = v
+        for name, rep in r.get("shapes", {}).items():
+            m = merged["shapes"].setdefault(name, {"exhaustive": {}})
+            if "tune" in rep:
+                m["tune"] = rep["tune"]
+            m["exhaustive"].update(rep.get("exhaustive", {}))
+        rows = r.get("suite", {}).get("results", [])
+        keys = {(x.get("shape"), x.get("impl"), x.get("routing")) for x in rows}
+        merged["suite"]["results"] = [x for x in merged["suite"]["results"]
+                                      if (x.get("shape"), x.get("impl"), x.get("routing")) not in keys] + rows
+    return merged
 
 
 def family_row(report: dict, family: str) -> Optional[dict]:
@@ -189,13 +221,24 @@ def main(argv=None) -> int:
     ap.add_argument("--widen", type=int, default=1)
     ap.add_argument("--deadline-s", type=float, default=0, help="start nothing after this many seconds (0: none)")
     ap.add_argument("--moeblaze", default=os.path.join(os.environ.get("BUILD", "build"), "bin", "moeblaze"))
+    ap.add_argument("--parts", default=",".join(PARTS), help="which of tune, exhaustive, suite to run")
+    ap.add_argument("--exhaustive-seed", type=Path,
+                    help="a cache holding the exhaustive tiles' binaries, copied to DIR/exhaustive.db first")
     ap.add_argument("--dry-run", action="store_true", help="print the commands and exit")
-    ap.add_argument("--table-only", type=Path, help="render DIR/table.md from this results.json and exit")
+    ap.add_argument("--table-only", type=Path, nargs="+",
+                    help="render DIR/table.md from these results.json (merged, later files adding to earlier) and exit")
     a = ap.parse_args(argv)
     if a.table_only:
+        merged = merge_results([json.loads(p.read_text()) for p in a.table_only])
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "table.md").write_text(table(json.loads(a.table_only.read_text())))
+        (a.out / "results.json").write_text(json.dumps(merged, indent=1))
+        (a.out / "table.md").write_text(table(merged))
         return 0
+    parts = [p for p in a.parts.split(",") if p]
+    if not parts or any(p not in PARTS for p in parts):
+        ap.error(f"--parts: {a.parts!r}: name some of {', '.join(PARTS)}")
+    if a.exhaustive_seed and not a.exhaustive_seed.is_file():
+        ap.error(f"--exhaustive-seed: {a.exhaustive_seed}: not a file (a cache of compiled exhaustive tiles)")
     shapes = [s for s in a.shapes.split(",") if s]
     unknown = [s for s in shapes if s not in BY_NAME]
     if unknown or not shapes:
@@ -204,19 +247,26 @@ def main(argv=None) -> int:
     tuned_db, exh_db = a.out / "tuned.db", a.out / "exhaustive.db"
     plan = []
     for name in shapes:
-        plan.append(("tune", name, None, tune_command(a.moeblaze, BY_NAME[name], tuned_db, a.budget, a.candidates, a.widen)))
-        for f in families:
+        if "tune" in parts:
+            plan.append(("tune", name, None,
+                         tune_command(a.moeblaze, BY_NAME[name], tuned_db, a.budget, a.candidates, a.widen)))
+        for f in families if "exhaustive" in parts else []:
             plan.append(("exhaustive", name, f, exhaustive_command(a.moeblaze, BY_NAME[name], exh_db, f, a.exhaustive_budget)))
     suite_cmd = suite_command(a.out / "suite", shapes, 0)
     if a.dry_run:
         for _, _, _, cmd in plan:
             print(" ".join(cmd))
-        print("MOEBLAZE_CACHE=" + str(tuned_db), " ".join(suite_cmd))
+        if "suite" in parts:
+            print("MOEBLAZE_CACHE=" + str(tuned_db), " ".join(suite_cmd))
         return 0
     a.out.mkdir(parents=True, exist_ok=True)
-    for db in (tuned_db, exh_db):
-        if db.exists():
+    for part, db in (("tune", tuned_db), ("exhaustive", exh_db)):
+        if part in parts and db.exists():
             ap.error(f"--out: {db} exists: the tunes start from an empty cache (name a new folder)")
+    if "suite" in parts and "tune" not in parts and not tuned_db.exists():
+        ap.error(f"--parts: the suite without tune runs {tuned_db}, an earlier call's tuned cache: not found")
+    if a.exhaustive_seed and "exhaustive" in parts:
+        shutil.copyfile(a.exhaustive_seed, exh_db)
     t0 = time.monotonic()
     left = lambda: (a.deadline_s - (time.monotonic() - t0)) if a.deadline_s else 1e9  # noqa: E731
     results: Dict = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "budget": a.budget, "candidates": a.candidates,
@@ -228,13 +278,13 @@ def main(argv=None) -> int:
             continue
         rep = run_json(cmd, left() - 30)
         print(f"heldout: {kind} {name} {fam or ''}: {rep.get('wall_s', 0):.0f} s {rep.get('error', '')}", file=sys.stderr)
+        results["meta"]["device"] = results["meta"]["device"] or rep.get("device", "")
         if kind == "tune":
             results["shapes"][name]["tune"] = rep
-            results["meta"]["device"] = results["meta"]["device"] or rep.get("device", "")
         else:
             results["shapes"][name]["exhaustive"][fam] = rep
         (a.out / "results.json").write_text(json.dumps(results, indent=1))
-    if left() > 120:
+    if "suite" in parts and left() > 120:
         env = dict(os.environ, MOEBLAZE_CACHE=str(tuned_db.resolve()))
         cmd = suite_command(a.out / "suite", shapes, left() - 30)
         subprocess.run(cmd, env=env, timeout=left(), check=False)

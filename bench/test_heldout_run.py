@@ -81,3 +81,43 @@ def test_the_cli_names_a_family_it_cannot_tune():
                             "--db", "/nonexistent-dir/k.db"], capture_output=True, text=True)
         assert p.returncode == 2, p.stderr
         assert "--family" in p.stderr and why in p.stderr
+
+
+def test_parts_leave_out_what_is_not_named(capsys):
+    assert heldout.main(["--out", "/tmp/ho-dry", "--shapes", "qwen1.5-moe", "--exhaustive", "down_proj,gate_up",
+                         "--parts", "exhaustive", "--dry-run", "--moeblaze", "mb"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all("--family" in x for x in lines)
+    with pytest.raises(SystemExit):
+        heldout.main(["--out", "/tmp/ho-dry", "--parts", "tune,bogus", "--dry-run"])
+
+
+def test_a_missing_seed_is_refused_by_name(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        heldout.main(["--out", str(tmp_path / "o"), "--exhaustive-seed", str(tmp_path / "none.db"), "--dry-run"])
+    assert "--exhaustive-seed" in capsys.readouterr().err
+
+
+def test_table_only_merges_the_calls_of_one_table(tmp_path):
+    first = results_of({"qwen1.5-moe": {"tune": tune_report(12.0, 11.4, {"down_proj": ("a", 1.0, "d", 1.05, 12)}),
+                                        "exhaustive": {}}})
+    second = {"meta": {"date": "2026-12-07T11:00:00", "device": "NVIDIA H200"}, "suite": {"results": []},
+              "shapes": {"qwen1.5-moe": {"exhaustive": {
+                  "down_proj": tune_report(12.0, 11.9, {"down_proj": ("b", 0.98, "d", 1.05, 140)})}}}}
+    paths = []
+    for i, r in enumerate((first, second)):
+        paths.append(tmp_path / f"r{i}.json")
+        paths[-1].write_text(json.dumps(r))
+    assert heldout.main(["--out", str(tmp_path / "t"), "--table-only", *map(str, paths)]) == 0
+    merged = json.loads((tmp_path / "t" / "results.json").read_text())
+    q = merged["shapes"]["qwen1.5-moe"]
+    assert q["tune"]["step_tuned_ms"] == 11.4 and q["exhaustive"]["down_proj"]["families"][0]["winner"] == "b"
+    assert len(merged["suite"]["results"]) == 4 and merged["meta"]["budget"] == 120
+    t = (tmp_path / "t" / "table.md").read_text()
+    assert "| qwen1.5-moe | down_proj | d | 1.050 | a | 1.000 | b | 0.980 | 140 | 1.071x |" in t
+
+
+def test_the_suite_alone_needs_an_earlier_tune(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        heldout.main(["--out", str(tmp_path), "--parts", "suite", "--shapes", "qwen1.5-moe"])
+    assert "tuned.db" in capsys.readouterr().err
