@@ -112,16 +112,25 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
   if (ranked.empty()) return listed_candidates(family, layer, arch, limit);
   const TileConfig def = default_tile(family, layer, arch, tokens);
   std::vector<TileConfig> all = {def};
-  // One tile per predicted time: the tiles the model cannot tell apart (orders, pairs, depths;
-  // ranked_tiles puts the plainest first) are left to the widening rounds around the winner.
+  // One tile per predicted time first: the tiles the model cannot tell apart (orders, pairs,
+  // depths; ranked_tiles puts the plainest first) are left to the widening rounds around the
+  // winner. A limit above the distinct times takes those too, in rank order, so a limit at least
+  // the space's size is every legal tile: the exhaustive search.
   std::vector<double> times;
+  std::vector<const RankedTile*> tied;
   for (const RankedTile& r : ranked) {
-    if (static_cast<int>(all.size()) >= limit) break;
     if (r.tile == def) continue;
-    if (std::any_of(times.begin(), times.end(), [&](double t) { return std::abs(t - r.predicted_us) <= 1e-9 * t; }))
+    if (std::any_of(times.begin(), times.end(), [&](double t) { return std::abs(t - r.predicted_us) <= 1e-9 * t; })) {
+      tied.push_back(&r);
       continue;
+    }
+    if (static_cast<int>(all.size()) >= limit) break;
     times.push_back(r.predicted_us);
     all.push_back(r.tile);
+  }
+  for (const RankedTile* r : tied) {
+    if (static_cast<int>(all.size()) >= limit) break;
+    all.push_back(r->tile);
   }
   return all;
 }

@@ -115,6 +115,29 @@ TEST_CASE("tuner: the expert GEMMs' candidates are the default, then the kernel 
   }
 }
 
+TEST_CASE("tuner: a limit as large as the space is every legal tile of it, the distinct predictions first") {
+  // The exhaustive search (`tune --family F --candidates 1000`, bench/heldout.py) must time the
+  // tiles the model cannot tell apart too: pairs, orders and depths are where it is blind.
+  for (const char* name : {"qwen3-30b-a3b", "mixtral-8x7b"}) {
+    const Preset& p = find_preset(name);
+    for (KernelFamily f : {KernelFamily::down_proj, KernelFamily::gate_up_wgrad}) {
+      INFO(name << " " << to_string(f));
+      const auto ranked = ranked_tiles(f, p.layer, p.tokens, Arch::sm_90a);
+      const auto all = tile_candidates(f, p.layer, Arch::sm_90a, 100000, p.tokens);
+      std::set<std::string> want, got;
+      for (const auto& r : ranked) want.insert(r.tile.to_string());
+      want.insert(default_tile(f, p.layer, Arch::sm_90a, p.tokens).to_string());
+      for (const auto& t : all) CHECK(got.insert(t.to_string()).second);
+      CHECK(got == want);
+      CHECK(all.size() > 40);
+      // The cut keeps its order: the first candidates of the whole list are the 12-candidate list.
+      const auto cut = tile_candidates(f, p.layer, Arch::sm_90a, 12, p.tokens);
+      REQUIRE(cut.size() <= all.size());
+      for (size_t i = 0; i < cut.size(); ++i) CHECK(cut[i] == all[i]);
+    }
+  }
+}
+
 TEST_CASE("tuner: token buckets are powers of two") {
   CHECK(token_bucket(1) == 1);
   CHECK(token_bucket(4096) == 4096);
