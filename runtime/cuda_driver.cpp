@@ -91,6 +91,22 @@ void check_cuda(CUresult result, const char* call) {
   throw CudaError(call, static_cast<int>(result), fmt::format("{} ({})", name, text));
 }
 
+bool is_context_fatal(int code) {
+  switch (static_cast<CUresult>(code)) {
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_LAUNCH_TIMEOUT:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+    case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_LAUNCH_FAILED:
+      return true;
+    default:
+      return false;
+  }
+}
+
 Arch DeviceInfo::arch() const {
   if (cc_major == 9 && cc_minor == 0) return Arch::sm_90a;
   return static_cast<Arch>(cc_major * 10 + cc_minor);

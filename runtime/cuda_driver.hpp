@@ -42,6 +42,11 @@ bool gpu_available(std::string* why = nullptr);
 
 // Throws CudaError naming `call` when `result` is not CUDA_SUCCESS.
 void check_cuda(CUresult result, const char* call);
+
+// Whether a driver error leaves the context unusable: a kernel faulted (illegal address or
+// instruction, misaligned address, hardware stack error, invalid PC, a launch failure or
+// timeout). Every later call in the context returns the same error, whichever kernel it names.
+bool is_context_fatal(int cuda_error_code);
 #define MB_CU(expr) ::moeblaze::check_cuda((expr), #expr)
 
 // Current device properties that kernels and the cache care about.

@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <set>
 #include <sstream>
+#include <string_view>
 
 #include "candidates.hpp"
 #include "core/bf16.hpp"
@@ -15,6 +17,7 @@
 #include "generator/heuristics.hpp"
 #include "generator/tile_space.hpp"
 #include "runtime/cache_keys.hpp"
+#include "runtime/cuda_driver.hpp"
 #include "runtime/kernel_loader.hpp"
 #include "runtime/kernel_timer.hpp"
 #include "testing/workspace.hpp"
@@ -249,16 +252,62 @@ class TokenRun {
 
 // ---- step 3, per family: check, time, pick -------------------------------------------
 
+// A candidate that faulted the GPU (an illegal address or instruction, ...) leaves the context
+// unusable: every later call fails with the same error, naming whichever kernel it launched. The
+// tune stops there, naming the candidate. The fault is stored as the candidate's measurement
+// (status "faulted"), so a later tune on this device skips it and gets past it; the families
+// tuned before keep their winners. (Stored as "run_failed" with this detail prefix: the cache's
+// schema fixes the statuses, and a new one would need every user's cache migrated.)
+constexpr std::string_view kFaultedDetail = "faulted the GPU: ";
+
+[[noreturn]] void stop_on_fault(const TuningKey& key, const Candidate& c, bool is_default, const CudaError& e,
+                                KernelCache& cache) {
+  Measurement m;
+  m.key = key;
+  m.config = c.spec.tile.to_string();
+  m.status = "run_failed";
+  m.detail = std::string(kFaultedDetail) + e.what();
+  std::string stored = "recorded in the cache: the next tune on this device skips it";
+  try {
+    cache.add_measurements({m});
+  } catch (const std::exception& ce) {
+    stored = fmt::format("not recorded (the cache failed: {})", ce.what());
+  }
+  throw Error(fmt::format(
+      "{} {} {} faulted the GPU ({}); the context cannot run another kernel, so the tune stops. {}; the "
+      "families tuned before it kept their winners.{}",
+      key.family, is_default ? "default tile" : "candidate", m.config, e.what(), stored,
+      is_default ? " The default itself faulting is a kernel bug in the layer's own path: please report it." : ""));
+}
+
+// The configs that faulted the GPU in an earlier tune under this key (this device, shape,
+// bucket and templates).
+std::set<std::string> faulted_configs(const std::vector<Measurement>& earlier) {
+  std::set<std::string> out;
+  for (const Measurement& m : earlier)
+    if (m.status == "run_failed" && m.detail.rfind(kFaultedDetail, 0) == 0) out.insert(m.config);
+  return out;
+}
+
 // Loads each built candidate into the default set and checks its outputs against the
 // default's before it may be timed; a failure is recorded on the candidate.
 // Candidates before `first` keep the layers they have.
-void load_and_check(TokenRun& run, KernelFamily f, std::vector<Candidate>& cs, KernelCache& cache, const Say& say,
-                    std::vector<std::unique_ptr<MoeLayer>>& layers, size_t first = 0) {
+void load_and_check(TokenRun& run, KernelFamily f, const TuningKey& key, std::vector<Candidate>& cs, KernelCache& cache,
+                    const Say& say, std::vector<std::unique_ptr<MoeLayer>>& layers, size_t first = 0) {
   const bool fwd = is_forward_family(f);
+  const std::set<std::string> faulted = faulted_configs(cache.measurements(key.hash()));
   layers.resize(cs.size());
   for (size_t i = first; i < cs.size(); ++i) {
     Candidate& c = cs[i];
     if (!c.built) continue;
+    // The default is the reference every candidate is checked against: never skipped.
+    if (i > 0 && faulted.count(c.spec.tile.to_string())) {
+      c.failure_status = "run_failed";
+      c.failure = std::string(kFaultedDetail) + "in an earlier tune on this device: skipped";
+      layers[i].reset();
+      say(fmt::format("  {:<14} {} skipped: {}", to_string(f), c.spec.tile.to_string(), c.failure), false);
+      continue;
+    }
     try {
       c.built->loaded = load_module(*c.built);
       KernelSet set = run.base->with_kernel(*c.built);
@@ -281,6 +330,11 @@ void load_and_check(TokenRun& run, KernelFamily f, std::vector<Candidate>& cs, K
         c.failure = fmt::format("relative error {:.3e} against the default kernels", err);
         layers[i].reset();
       }
+    } catch (const CudaError& e) {
+      if (is_context_fatal(e.code)) stop_on_fault(key, c, i == 0, e, cache);
+      c.failure_status = "run_failed";
+      c.failure = e.what();
+      layers[i].reset();
     } catch (const std::exception& e) {
       c.failure_status = "run_failed";
       c.failure = e.what();
@@ -295,8 +349,9 @@ void load_and_check(TokenRun& run, KernelFamily f, std::vector<Candidate>& cs, K
 
 // Interleaved timing: every sample visits every live candidate once (this T's samples
 // only: a candidate list serves every T of the run).
-void time_candidates(TokenRun& run, KernelFamily f, std::vector<Candidate>& cs,
-                     const std::vector<std::unique_ptr<MoeLayer>>& layers, int samples, const Say& say) {
+void time_candidates(TokenRun& run, KernelFamily f, const TuningKey& key, std::vector<Candidate>& cs,
+                     const std::vector<std::unique_ptr<MoeLayer>>& layers, int samples, KernelCache& cache,
+                     const Say& say) {
   const bool fwd = is_forward_family(f);
   for (Candidate& c : cs) c.samples.clear();
   KernelTimer timer(f);
@@ -304,8 +359,13 @@ void time_candidates(TokenRun& run, KernelFamily f, std::vector<Candidate>& cs,
     say(fmt::format("  {:<14} sample {:>2}/{}", to_string(f), s + 1, samples), true);
     for (size_t i = 0; i < cs.size(); ++i) {
       if (!layers[i]) continue;
-      run.pass(*layers[i], fwd, !fwd, &timer, run.next_rotation());
-      run.ws.stream.synchronize();
+      try {
+        run.pass(*layers[i], fwd, !fwd, &timer, run.next_rotation());
+        run.ws.stream.synchronize();
+      } catch (const CudaError& e) {
+        if (is_context_fatal(e.code)) stop_on_fault(key, cs[i], i == 0, e, cache);
+        throw;
+      }
       double ms = 0;
       for (auto& [fam, v] : timer.collect()) ms += v;
       cs[i].samples.push_back(ms);
@@ -532,9 +592,9 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
         continue;
       }
       std::vector<std::unique_ptr<MoeLayer>> layers;
-      load_and_check(run, f, cs, cache, say, layers);
-      time_candidates(run, f, cs, layers, o.samples, say);
       const TuningKey key = tuning_key(f, layer, bucket, rep.device, rep.policy);
+      load_and_check(run, f, key, cs, cache, say, layers);
+      time_candidates(run, f, key, cs, layers, o.samples, cache, say);
       bool picked = record_and_pick(key, cs, layers, cache, ft, say);
       // Widening: the winner's neighbours in the kernel layer's space, while the budget lasts.
       for (int round = 0; picked && round < o.widen_rounds && seconds_since(t_timing) <= o.budget_s; ++round) {
@@ -549,8 +609,8 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
         for (auto& c : fresh) cs.push_back(std::move(c));
         ft.widened += static_cast<int>(cs.size() - first);
         const std::string before = ft.winner;
-        load_and_check(run, f, cs, cache, say, layers, first);
-        time_candidates(run, f, cs, layers, o.samples, say);
+        load_and_check(run, f, key, cs, cache, say, layers, first);
+        time_candidates(run, f, key, cs, layers, o.samples, cache, say);
         picked = record_and_pick(key, cs, layers, cache, ft, say);
         if (ft.winner == before) break;  // the neighbours did not win: the model has no better lead
       }

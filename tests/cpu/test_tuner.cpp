@@ -814,3 +814,15 @@ TEST_CASE("tuner: where the kernel layer has no legal tile for a family (expert 
     }
   }
 }
+
+TEST_CASE("tuner: the driver errors after which a context runs nothing more are told from the others") {
+  // A candidate that faults stops the tune naming it (stop_on_fault); any other failure is the
+  // candidate's own and the tune goes on.
+  for (CUresult r : {CUDA_ERROR_ILLEGAL_ADDRESS, CUDA_ERROR_ILLEGAL_INSTRUCTION, CUDA_ERROR_MISALIGNED_ADDRESS,
+                     CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_HARDWARE_STACK_ERROR, CUDA_ERROR_INVALID_PC,
+                     CUDA_ERROR_INVALID_ADDRESS_SPACE, CUDA_ERROR_LAUNCH_TIMEOUT})
+    CHECK(is_context_fatal(static_cast<int>(r)));
+  for (CUresult r : {CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
+                     CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_NOT_FOUND})
+    CHECK_FALSE(is_context_fatal(static_cast<int>(r)));
+}
