@@ -87,6 +87,8 @@ def run_json(cmd: List[str], timeout: float) -> dict:
     except json.JSONDecodeError:
         return {"error": f"exit {p.returncode}: {(p.stderr or p.stdout).strip()[-400:]}", "wall_s": wall}
     report["wall_s"] = wall
+    if isinstance(report.get("error"), dict):  # the CLI's --json failure: {"kind", "message", "exit_code"}
+        report["error"] = report["error"].get("message") or json.dumps(report["error"])
     if p.returncode != 0:
         report.setdefault("error", f"exit {p.returncode}: {p.stderr.strip()[-400:]}")
     return report

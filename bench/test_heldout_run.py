@@ -121,3 +121,16 @@ def test_the_suite_alone_needs_an_earlier_tune(tmp_path, capsys):
     with pytest.raises(SystemExit):
         heldout.main(["--out", str(tmp_path), "--parts", "suite", "--shapes", "qwen1.5-moe"])
     assert "tuned.db" in capsys.readouterr().err
+
+
+def test_a_failing_cli_reports_its_message_as_the_error(tmp_path):
+    # `moeblaze tune --json` prints {"error": {"kind", "message", "exit_code"}} when it fails; the
+    # table shows the message (a dict there crashed the table).
+    fake = tmp_path / "fake-cli"
+    fake.write_text("#!/bin/sh\necho '{\"error\": {\"exit_code\": 1, \"kind\": \"failure\", \"message\": \"gate_up_wgrad "
+                    "candidate X faulted the GPU\"}}'\nexit 1\n")
+    fake.chmod(0o755)
+    rep = heldout.run_json([str(fake)], 10)
+    assert rep["error"] == "gate_up_wgrad candidate X faulted the GPU"
+    shapes = {"qwen1.5-moe": {"tune": rep, "exhaustive": {}}}
+    assert "error: gate_up_wgrad candidate X faulted the GPU" in heldout.table(results_of(shapes))
