@@ -134,3 +134,13 @@ def test_a_failing_cli_reports_its_message_as_the_error(tmp_path):
     assert rep["error"] == "gate_up_wgrad candidate X faulted the GPU"
     shapes = {"qwen1.5-moe": {"tune": rep, "exhaustive": {}}}
     assert "error: gate_up_wgrad candidate X faulted the GPU" in heldout.table(results_of(shapes))
+
+
+def test_a_tune_that_kept_every_default_gains_exactly_one():
+    kept = tune_report(24.83, 25.05, {"down_proj": ("d", 2.6, "d", 2.6, 12), "gate_up": ("g", 5.0, "g", 5.0, 12)})
+    s = heldout.summarize(results_of({"phi-3.5-moe": {"tune": kept, "exhaustive": {}}}))
+    assert s["shapes"][0]["tuned_gain"] == 1.0 and s["shapes"][0]["same_kernels"]
+    assert "1.000x (defaults kept)" in heldout.table(results_of({"phi-3.5-moe": {"tune": kept, "exhaustive": {}}}))
+    moved = tune_report(24.83, 24.0, {"down_proj": ("b", 2.5, "d", 2.6, 12)})
+    assert heldout.summarize(results_of({"phi-3.5-moe": {"tune": moved, "exhaustive": {}}}))["shapes"][0]["tuned_gain"] == \
+        pytest.approx(24.83 / 24.0)
