@@ -254,10 +254,11 @@ class TokenRun {
 
 // A candidate that faulted the GPU (an illegal address or instruction, ...) leaves the context
 // unusable: every later call fails with the same error, naming whichever kernel it launched. The
-// tune stops there, naming the candidate. The fault is stored as the candidate's measurement
-// (status "faulted"), so a later tune on this device skips it and gets past it; the families
-// tuned before keep their winners. (Stored as "run_failed" with this detail prefix: the cache's
-// schema fixes the statuses, and a new one would need every user's cache migrated.)
+// tune stops there, naming the candidate. The fault is stored as the candidate's measurement,
+// so a later tune on this device (and these templates: the key holds their hash, so a fixed
+// kernel is tried again) skips it and gets past it; the families tuned before keep their
+// winners. Its status is "run_failed" with this detail prefix: the cache's schema fixes the
+// statuses, and a new one would need every user's cache migrated.
 constexpr std::string_view kFaultedDetail = "faulted the GPU: ";
 
 [[noreturn]] void stop_on_fault(const TuningKey& key, const Candidate& c, bool is_default, const CudaError& e,
