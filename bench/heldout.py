@@ -22,7 +22,8 @@ searches and suite too); the suite alone runs DIR/tuned.db that an earlier call'
 there. --table-only merges the results.json of such calls.
 --exhaustive-seed copies a cache that already holds the searched tiles' binaries (compiled
 without a GPU: `moeblaze tune ... --family F --candidates 1000 --db DB` on a machine with no GPU
-only compiles) to DIR/exhaustive.db, so the GPU machine only times them. The tune from an empty
+only compiles, so `--parts exhaustive` run there leaves DIR/exhaustive.db as that seed) to
+DIR/exhaustive.db, so the GPU machine only times them. The tune from an empty
 cache is never seeded: its compile time is one of the targets.
 Environment: as bench/run_suite.sh (BUILD, MOEBLAZE_PEERS, MOEBLAZE_QUACK_RESTORE, ...)."""
 from __future__ import annotations
