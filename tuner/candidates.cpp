@@ -135,4 +135,14 @@ std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& 
   return all;
 }
 
+std::vector<TileConfig> replacement_tiles(const std::vector<TileConfig>& listed, int lost,
+                                          const std::vector<TileConfig>& longer) {
+  std::vector<TileConfig> out;
+  for (const TileConfig& t : longer) {
+    if (static_cast<int>(out.size()) >= lost) break;
+    if (std::find(listed.begin(), listed.end(), t) == listed.end()) out.push_back(t);
+  }
+  return out;
+}
+
 }  // namespace moeblaze

@@ -28,4 +28,10 @@ inline constexpr int64_t kModelTokensWithoutT = 16384;
 std::vector<TileConfig> tile_candidates(KernelFamily family, const LayerConfig& layer, Arch arch, int limit = 16,
                                         int64_t tokens = 0, const DeviceModel& device = {});
 
+// Replacements for `lost` listed candidates that cannot run (their kernels spill, or generate
+// refuses them): the tiles of `longer` (the same family's list with a larger limit, so `listed`
+// is its prefix up to the per-T defaults) that are not listed yet, in its order, at most `lost`.
+std::vector<TileConfig> replacement_tiles(const std::vector<TileConfig>& listed, int lost,
+                                          const std::vector<TileConfig>& longer);
+
 }  // namespace moeblaze

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -135,6 +136,41 @@ void build_candidates(std::vector<Candidate>& cands, KernelCache& cache, TuneRep
       continue;
     }
     c.built = std::move(builds[i].kernel);
+  }
+}
+
+// Each candidate that cannot run (a kernel that spills, a tile generate refuses) is replaced
+// by the next tile of its family's ranked list, so each family keeps its count of timed
+// candidates where the space allows: two rounds at most (a replacement may spill too). The
+// spills depend on the shape (phi-3.5-moe's cooperative gate_up tiles spill, qwen3-30b-a3b's do
+// not), so no legality rule can drop them before the compile.
+void replace_unrunnable(const TuneOptions& o, const LayerConfig& layer, Arch arch, const DeviceModel& model,
+                        std::vector<Candidate>& flat, KernelCache& cache, TuneReport& rep, const Say& say) {
+  std::map<KernelFamily, int> replaced;
+  for (int round = 0; round < 2; ++round) {
+    std::vector<Candidate> fresh;
+    for (KernelFamily f : o.families.empty() ? tunable_families(layer) : o.families) {
+      if (!has_cost_model(f)) continue;  // the listed families' lists are not ranked
+      std::vector<TileConfig> listed;
+      int lost = 0;
+      for (const Candidate& c : flat)
+        if (c.spec.family == f) {
+          listed.push_back(c.spec.tile);
+          lost += c.failure_status == "illegal";
+        }
+      lost -= replaced[f];
+      if (lost <= 0) continue;
+      const std::vector<TileConfig> longer =
+          tile_candidates(f, layer, arch, static_cast<int>(listed.size()) + lost, o.tokens.front(), model);
+      for (const TileConfig& t : replacement_tiles(listed, lost, longer)) {
+        fresh.push_back(Candidate{KernelSpec{f, layer, t, arch}, std::nullopt, "", "", {}});
+        ++replaced[f];
+      }
+    }
+    if (fresh.empty()) return;
+    say(fmt::format("compiling {} more candidates in place of those that cannot run", fresh.size()), false);
+    build_candidates(fresh, cache, rep, say);
+    for (auto& c : fresh) flat.push_back(std::move(c));
   }
 }
 
@@ -554,6 +590,7 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
       false);
   const auto t_compile = Clock::now();
   build_candidates(flat, cache, rep, say);
+  replace_unrunnable(o, layer, arch, model, flat, cache, rep, say);
   if (!rep.cache_error.empty())
     say(fmt::format("the cache failed while storing candidates ({} compiled, not stored): {}", rep.not_stored,
                     rep.cache_error),

@@ -826,3 +826,26 @@ TEST_CASE("tuner: the driver errors after which a context runs nothing more are 
                      CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_NOT_FOUND})
     CHECK_FALSE(is_context_fatal(static_cast<int>(r)));
 }
+
+TEST_CASE("tuner: a candidate that cannot run is replaced by the next tile of its family's ranked list") {
+  // phi-3.5-moe's cooperative gate_up tiles spill (ptxas, CUDA 13.0) where qwen3-30b-a3b's do
+  // not: the tuner compiles the next ranked tiles in their place (replace_unrunnable).
+  const LayerConfig l = find_preset("qwen3-30b-a3b").layer;
+  for (KernelFamily f : {KernelFamily::gate_up, KernelFamily::down_dgrad}) {
+    INFO(to_string(f));
+    const auto listed = tile_candidates(f, l, Arch::sm_90a, 12, 4096);
+    const auto longer = tile_candidates(f, l, Arch::sm_90a, 15, 4096);
+    REQUIRE(longer.size() == 15);
+    const auto more = replacement_tiles(listed, 3, longer);
+    REQUIRE(more.size() == 3);
+    for (size_t i = 0; i < 3; ++i) CHECK(more[i] == longer[12 + i]);  // the next ones, in rank order
+    CHECK(replacement_tiles(listed, 0, longer).empty());
+    // A list with a per-T default appended past the cut: that tile is not offered again.
+    std::vector<TileConfig> with_extra = listed;
+    with_extra.push_back(longer[13]);
+    const auto skip = replacement_tiles(with_extra, 2, longer);
+    REQUIRE(skip.size() == 2);
+    CHECK(skip[0] == longer[12]);
+    CHECK(skip[1] == longer[14]);
+  }
+}
