@@ -126,7 +126,7 @@ std::string kernel_layer_problem(const KernelSpec& spec, int max_smem_bytes) {
       // A row tile straddling dW1 | dW3 stores its dW3 rows through the second map from a
       // negative row (sm90/epilogue_wgrad.cuh): the TMA store faults there (illegal instruction
       // in SM90_TMA_STORE_3D under compute-sanitizer, H100: n = 384 with bm 256, n = 320 with
-      // bm 128; found by a held-out tune, qwen1.5-moe's n = 1408 under bm 256).
+      // bm 128). Storing such a tile in 64-row pieces, each inside one matrix, would lift this.
       if (l.gate_parts() == 2 && l.shape.ffn % t.bm)
         return fmt::format("kernel-layer gate_up_wgrad tiles need n % bm == 0 (n = {}, bm = {}): a row tile straddling dW1 | dW3 faults in its TMA store",
                            l.shape.ffn, t.bm);
