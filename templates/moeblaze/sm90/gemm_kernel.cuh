@@ -39,6 +39,28 @@ constexpr int kernel_smem_bytes() {
   return Cfg::STAGES * Cfg::STAGE_BYTES + STAGING_BYTES + 2048;
 }
 
+// The block's (or pair's) first tile, the clusters of the grid and the block's rank in its pair,
+// read from the special registers (volatile) where they are used: the compiler then cannot keep
+// them live through a persistent loop, where values held across the epilogue's register peak
+// were spilled (cooperative gate_up 128 x (2 x 128) and its pair on a 16-expert layer).
+template <class Cfg>
+MB_DEV int cluster_first() {
+  uint32_t block;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(block));
+  return static_cast<int>(block) / Cfg::CLUSTER_M;
+}
+template <class Cfg>
+MB_DEV int cluster_count() {
+  uint32_t blocks;
+  asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(blocks));
+  return static_cast<int>(blocks) / Cfg::CLUSTER_M;
+}
+
+template <class Cfg>
+MB_DEV int cluster_rank() {
+  return Cfg::CLUSTER_M > 1 ? static_cast<int>(cute::block_rank_in_cluster()) : 0;
+}
+
 template <class Cfg, class Problem>
 MB_DEV void gemm_kernel(const typename Problem::Args& args) {
   using Mainloop = typename Problem::Mainloop;
@@ -74,7 +96,7 @@ MB_DEV void gemm_kernel(const typename Problem::Args& args) {
   } else {
     __syncthreads();
   }
-  const int rank = Cfg::CLUSTER_M > 1 ? static_cast<int>(cute::block_rank_in_cluster()) : 0;
+  const int rank = cluster_rank<Cfg>();
   const int first = blockIdx.x / Cfg::CLUSTER_M, clusters = gridDim.x / Cfg::CLUSTER_M;
 
   if (warp_group == 0) {
@@ -132,9 +154,9 @@ MB_DEV void gemm_kernel(const typename Problem::Args& args) {
     Epilogue::drain(thread_idx);
   } else {
     const int thread_idx = threadIdx.x - 128;
-    int iteration = 0;
-    for (int index = first;; index += clusters, ++iteration) {
-      const auto tile = Problem::problem_tile(args, index, rank);
+    for (int iteration = 0;; ++iteration) {
+      const int index = cluster_first<Cfg>() + iteration * cluster_count<Cfg>();
+      const auto tile = Problem::problem_tile(args, index, cluster_rank<Cfg>());
       if (!tile.valid) break;
       const int k_tiles = Problem::k_tiles(args, tile);
       const auto epi = Problem::epilogue(args, tile, thread_idx);
