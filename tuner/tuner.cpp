@@ -42,13 +42,18 @@ using Candidates = std::map<KernelFamily, std::vector<Candidate>>;
 
 // ---- step 1: every candidate compiled into the cache (no GPU needed) -------------------
 
+// The families a tune times: those named (TuneOptions::families), else every tunable one.
+std::vector<KernelFamily> families_to_tune(const TuneOptions& o, const LayerConfig& layer) {
+  return o.families.empty() ? tunable_families(layer) : o.families;
+}
+
 // The candidate tiles of every tunable family. Each T is timed against what the runtime
 // runs untuned at that T (the weight gradients' default depends on it): that tile is a
 // candidate even where the list was cut before it.
 std::vector<Candidate> list_candidates(const TuneOptions& o, const LayerConfig& layer, Arch arch,
                                        const DeviceModel& model) {
   std::vector<Candidate> flat;
-  for (KernelFamily f : o.families.empty() ? tunable_families(layer) : o.families) {
+  for (KernelFamily f : families_to_tune(o, layer)) {
     std::vector<TileConfig> tiles = tile_candidates(f, layer, arch, o.candidates_per_family, o.tokens.front(), model);
     for (int64_t T : o.tokens) {
       const TileConfig def = default_tile(f, layer, arch, T);
@@ -149,7 +154,7 @@ void replace_unrunnable(const TuneOptions& o, const LayerConfig& layer, Arch arc
   std::map<KernelFamily, int> replaced;
   for (int round = 0; round < 2; ++round) {
     std::vector<Candidate> fresh;
-    for (KernelFamily f : o.families.empty() ? tunable_families(layer) : o.families) {
+    for (KernelFamily f : families_to_tune(o, layer)) {
       if (!has_cost_model(f)) continue;  // the listed families' lists are not ranked
       std::vector<TileConfig> listed;
       int lost = 0;
@@ -582,7 +587,7 @@ TuneReport tune_layer(const TuneOptions& o, KernelCache& cache) {
     rep.device = device_fingerprint(ctx->info());
   }
 
-  const size_t family_count = o.families.empty() ? tunable_families(layer).size() : o.families.size();
+  const size_t family_count = families_to_tune(o, layer).size();
   const DeviceModel model = gpu ? device_model_for(ctx->info().name, ctx->info().sm_count) : DeviceModel{};
   std::vector<Candidate> flat = list_candidates(o, layer, arch, model);
   say(fmt::format("compiling {} candidates of {} families for {} ({})", flat.size(), family_count,
