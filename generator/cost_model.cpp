@@ -37,31 +37,12 @@ struct Geometry {
   bool weights_b;          // B is an expert's weights (the slot-tiled GEMMs)
 };
 
-// What the model adds to a family's GEMM (generator/family_def.hpp): its epilogue's traffic and
-// which operand the producer gathers.
-struct EpilogueTerms {
-  double epilogue_elems;
-  bool gathered_a, gathered_b;
-};
-
-EpilogueTerms epilogue_terms(KernelFamily f, int G) {
-  switch (f) {
-    // gate_up writes H's parts and h; down_dgrad reads H's parts and writes dH's and hg.
-    case KernelFamily::gate_up: return {double(G + 1), true, false};
-    case KernelFamily::down_proj: return {1, false, false};
-    case KernelFamily::down_dgrad: return {double(2 * G + 1), true, false};
-    case KernelFamily::gate_up_dgrad: return {1, false, false};
-    case KernelFamily::gate_up_wgrad: return {1, false, true};
-    case KernelFamily::down_wgrad: return {1, true, false};
-    default: break;
-  }
-  throw InvalidArgument("family", fmt::format("the cost model covers the expert GEMMs, not {}", to_string(f)));
-}
-
 // One expert's GEMM, its slots at their average under uniform routing (`slots`): M of the
 // slot-tiled families, K of the weight gradients.
 Geometry geometry(const KernelSpec& s, int64_t tokens, double slots) {
-  const EpilogueTerms e = epilogue_terms(s.family, s.layer.gate_parts());
+  const FamilyDef& def = family_def(s.family);
+  if (!def.modeled)
+    throw InvalidArgument("family", fmt::format("the cost model covers the expert GEMMs, not {}", to_string(s.family)));
   const GemmProblem p = family_problem(s.family, s.layer, {.tokens = tokens});
   const bool slot_rows = p.m_kind == RowKind::expert_slots;
   Geometry g;
@@ -70,9 +51,9 @@ Geometry geometry(const KernelSpec& s, int64_t tokens, double slots) {
   g.reduction = slot_rows ? static_cast<int>(p.reduction) : int(std::ceil(slots));
   g.acc_cols = p.parts * s.tile.bn;
   g.out_cols = s.tile.bn;
-  g.epilogue_elems = e.epilogue_elems;
-  g.gathered_a = e.gathered_a;
-  g.gathered_b = e.gathered_b;
+  g.epilogue_elems = double(def.epilogue_per_part * s.layer.gate_parts() + def.epilogue_fixed);
+  g.gathered_a = def.gathered_a;
+  g.gathered_b = def.gathered_b;
   g.weights_b = slot_rows;
   return g;
 }
@@ -94,17 +75,7 @@ const CostConstants kConstants = {
 
 }  // namespace
 
-bool has_cost_model(KernelFamily f) {
-  switch (f) {
-    case KernelFamily::gate_up:
-    case KernelFamily::down_proj:
-    case KernelFamily::down_dgrad:
-    case KernelFamily::gate_up_dgrad:
-    case KernelFamily::gate_up_wgrad:
-    case KernelFamily::down_wgrad: return true;
-    default: return false;
-  }
-}
+bool has_cost_model(KernelFamily f) { return is_tiled(f) && family_def(f).modeled; }
 
 DeviceModel device_model_for(const std::string& device_name, int sms) {
   DeviceModel d;

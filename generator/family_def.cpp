@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/errors.hpp"
+#include "families/families.hpp"
 #include "moeblaze/kernel_args.cuh"
 
 namespace moeblaze {
@@ -14,26 +15,16 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t padded_experts(int64_t e) { return (e + 7) / 8 * 8; }
 
 using D = GemmDim;
-const std::vector<FamilyDef> kDefs = {
-    {KernelFamily::router_logits, "logits = x W_r^T: M = the tokens, N = E, K = d", RowKind::tokens, D::tokens,
-     D::experts, D::hidden},
-    {KernelFamily::gate_up, "[A|B] = gather(x) [W1; W3]^T: M = each expert's slots (gathered x rows), N = G n, K = d",
-     RowKind::expert_slots, D::slots, D::gated_ffn, D::hidden},
-    {KernelFamily::down_proj, "o = h W2^T: M = each expert's slots (h rows), N = d, K = n", RowKind::expert_slots,
-     D::slots, D::hidden, D::ffn},
-    {KernelFamily::down_dgrad, "dh = gather(dy) W2: M = each expert's slots (gathered dy rows), N = n, K = d",
-     RowKind::expert_slots, D::slots, D::ffn, D::hidden},
-    {KernelFamily::down_wgrad, "dW2 = gather(dy)^T hg: M = d, N = n per expert, K = the expert's slots",
-     RowKind::weight_rows, D::hidden, D::ffn, D::slots},
-    {KernelFamily::gate_up_wgrad, "[dW1; dW3] = [dA|dB]^T gather(x): M = G n, N = d per expert, K = the expert's slots",
-     RowKind::weight_rows, D::gated_ffn, D::hidden, D::slots},
-    {KernelFamily::gate_up_dgrad, "dxs = [dA|dB] [W1; W3]: M = each expert's slots (dH rows), N = d, K = G n",
-     RowKind::expert_slots, D::slots, D::hidden, D::gated_ffn},
-    {KernelFamily::router_dgrad, "dx = d logits W_r: M = the tokens, N = d, K = E", RowKind::tokens, D::tokens,
-     D::hidden, D::experts},
-    {KernelFamily::router_wgrad, "dW_r = d logits^T x: M = E, N = d, K = the tokens (in router_wgrad_splits parts)",
-     RowKind::experts, D::experts, D::hidden, D::tokens},
-};
+
+// In all_families' order.
+const std::vector<FamilyDef>& defs() {
+  static const std::vector<FamilyDef> all = {
+      families::router_logits(), families::gate_up(),       families::down_proj(),
+      families::down_dgrad(),    families::down_wgrad(),    families::gate_up_wgrad(),
+      families::gate_up_dgrad(), families::router_dgrad(),  families::router_wgrad(),
+  };
+  return all;
+}
 
 int64_t size_of(GemmDim dim, const LayerConfig& l, const LaunchExtent& e) {
   switch (dim) {
@@ -51,10 +42,10 @@ bool uses(const FamilyDef& def, GemmDim dim) { return def.m == dim || def.n == d
 
 }  // namespace
 
-const std::vector<FamilyDef>& family_defs() { return kDefs; }
+const std::vector<FamilyDef>& family_defs() { return defs(); }
 
 const FamilyDef& family_def(KernelFamily f) {
-  for (const FamilyDef& def : kDefs)
+  for (const FamilyDef& def : defs())
     if (def.family == f) return def;
   throw InvalidArgument("family", fmt::format("{} is no tiled GEMM family", to_string(f)));
 }

@@ -1,9 +1,13 @@
-// One home per tiled GEMM family for what the host knows of its GEMM: what it computes, its
-// M x N x K for a layer and a step, how many output tiles one launch has, and its flops. The
-// runtime's launches (runtime/moe_layer.cpp), the tuner's flop counts (tuner/timing.hpp), the
-// cost model and the heuristics read them here rather than restating them.
+// One home per tiled GEMM family for what the host knows of it: what its GEMM computes, its
+// M x N x K for a layer and a step, how many output tiles one launch has, its flops and least
+// bytes, what the cost model adds to it, and how the kernel layer instantiates it (template,
+// operand majors, staging, template arguments, the family's own legality). Each family's row
+// is written in one file, generator/families/<family>.cpp; the runtime's launches
+// (runtime/moe_layer.cpp), the tuner's floors (tuner/timing.hpp), the cost model, the kernel
+// layer's legality and the heuristics read them here rather than restating them.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernel_spec.hpp"
@@ -28,11 +32,43 @@ enum class RowKind {
   experts,       // the experts, which the tiles cover padded to 8 rows (router_wgrad's dW_r)
 };
 
+// How the kernel layer (templates/moeblaze/sm90/, tiles with the _cute suffix) instantiates a
+// family: its problem policy's header and kernel function, and the hooks that hold what differs
+// from family to family. generator/kernel_layer.cpp composes them with the rules every
+// kernel-layer tile shares.
+struct KernelLayerDef {
+  const char* header;           // the family's problem policy (templates/moeblaze/sm90/)
+  const char* function;         // its kernel function template
+  bool a_mn_major, b_mn_major;  // operand majors (sm90/config.cuh Major)
+  // Bytes of the epilogue's staging (the device epilogue's STAGING_BYTES).
+  int (*staging_bytes)(const KernelSpec& spec);
+  // The kernel function's template arguments after its KernelConfig: the shape, then the tile order.
+  std::string (*shape_arguments)(const KernelSpec& spec);
+  // Why a cluster pair (_cluster2x1) of this tile cannot run the family on the layer (empty: it can).
+  std::string (*pair_problem)(const KernelSpec& spec);
+  // Why the family cannot run the tile on the layer, past the rules every kernel-layer tile
+  // shares (empty: it can).
+  std::string (*problem)(const KernelSpec& spec);
+};
+
 struct FamilyDef {
   KernelFamily family;  // its name is to_string(family)
   const char* gemm;     // what it computes, and its M, N, K in words
   RowKind m_kind;
   GemmDim m, n, k;
+  // The least bytes a step of `tokens` tokens moves through DRAM (its operands, its weights and
+  // its outputs once: tuner/timing.hpp's floor); nullptr: not counted.
+  double (*min_bytes)(const LayerConfig& layer, int64_t tokens);
+  // What the cost model (generator/cost_model.hpp) adds to the GEMM, for the expert GEMMs
+  // (`modeled`): the epilogue's bf16 traffic per output element, epilogue_per_part G +
+  // epilogue_fixed (G = LayerConfig::gate_parts()), and which operand the producer gathers.
+  bool modeled;
+  int epilogue_per_part, epilogue_fixed;
+  bool gathered_a, gathered_b;
+  // nullptr where the kernel layer does not run the family.
+  const KernelLayerDef* kernel_layer;
+
+  bool gathered() const { return gathered_a || gathered_b; }
 };
 
 // One per tiled family (is_tiled), in all_families' order.

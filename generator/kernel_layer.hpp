@@ -1,25 +1,20 @@
-// The kernel layer's families on the host (templates/moeblaze/sm90/, tiles with the _cute
-// suffix): for each family the template it instantiates, the majors and sources of its
-// operands, its epilogue's staging, its template arguments and what its parts can run. One
-// table, so that a family on the layer is a row here plus its problem policy on the device.
+// The kernel layer on the host (templates/moeblaze/sm90/, tiles with the _cute suffix): the rules
+// every kernel-layer tile shares, composed with each family's KernelLayerDef (its template, the
+// majors of its operands, its epilogue's staging, its template arguments and its own legality,
+// written in generator/families/). A family on the layer is a row there plus its problem policy
+// on the device.
 #pragma once
 #include <string>
 #include <vector>
 
+#include "family_def.hpp"
 #include "kernel_spec.hpp"
 
 namespace moeblaze {
 
-struct KernelLayerFamily {
-  KernelFamily family;
-  const char* header;    // the family's problem policy (templates/moeblaze/sm90/)
-  const char* function;  // its kernel function template
-  bool a_mn_major, b_mn_major;  // operand majors (sm90/config.cuh Major)
-  bool gathered;                // an operand comes by the producer warpgroup's cp.async (sm90/operand_gather.cuh)
-};
-
-// The family's row, or nullptr where the kernel layer does not run it.
-const KernelLayerFamily* kernel_layer_family(KernelFamily f);
+// The family's kernel-layer row (generator/families/), or nullptr where the kernel layer does
+// not run it.
+const KernelLayerDef* kernel_layer_family(KernelFamily f);
 
 // Accumulator columns of a kernel-layer tile (the device config's BN): gate_up stacks its W1
 // and W3 tiles (nb x bn), every other family bn.

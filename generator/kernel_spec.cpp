@@ -465,7 +465,7 @@ GeneratedKernel generate(const KernelSpec& spec) {
   const char* header = fi.header;
   const char* function = fi.function;
   if (is_tiled(spec.family) && spec.tile.cute) {
-    const KernelLayerFamily& k = *kernel_layer_family(spec.family);
+    const KernelLayerDef& k = *kernel_layer_family(spec.family);
     header = k.header;
     function = k.function;
     targs = kernel_layer_template_arguments(spec);

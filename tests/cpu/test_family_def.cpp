@@ -11,6 +11,8 @@
 
 #include "core/checked.hpp"
 #include "core/errors.hpp"
+#include "generator/cost_model.hpp"
+#include "generator/embedded_templates.hpp"
 #include "generator/family_def.hpp"
 #include "generator/heuristics.hpp"
 #include "generator/kernel_layer.hpp"
@@ -125,6 +127,35 @@ TEST_CASE("family_def: every tiled family has one definition, in all_families' o
     } else {
       CHECK_THROWS_AS(family_def(f), InvalidArgument);
     }
+  }
+}
+
+TEST_CASE("family_def: the expert GEMMs run on the kernel layer and in the cost model, the router's on neither") {
+  const LayerConfig l = find_preset("qwen3-30b-a3b").layer;
+  for (const FamilyDef& def : family_defs()) {
+    const bool expert = std::find(std::begin(kExpertGemms), std::end(kExpertGemms), def.family) != std::end(kExpertGemms);
+    CAPTURE(to_string(def.family));
+    CHECK(def.modeled == expert);
+    CHECK(has_cost_model(def.family) == expert);
+    CHECK((def.kernel_layer != nullptr) == expert);
+    CHECK((kernel_layer_family(def.family) == def.kernel_layer));
+    // Only the expert GEMMs gather an operand (gate_up's and down_dgrad's A, the weight
+    // gradients' activations), and never both.
+    CHECK(!(def.gathered_a && def.gathered_b));
+    if (!expert) {
+      CHECK(!def.gathered());
+      continue;
+    }
+    // The header it instantiates is one the library embeds, and its hooks answer for a legal tile.
+    const KernelLayerDef& k = *def.kernel_layer;
+    bool embedded = false;
+    for (const EmbeddedTemplate& t : embedded_templates()) embedded |= std::string(t.name) == k.header;
+    CHECK(embedded);
+    CHECK(std::string(k.function).rfind("moeblaze::sm90::", 0) == 0);
+    const KernelSpec spec{def.family, l, kernel_layer_tile(128, 128, 4, Mainloop::persistent)};
+    CHECK(k.staging_bytes(spec) > 0);
+    CHECK(k.problem(spec).empty());
+    CHECK(!k.shape_arguments(spec).empty());
   }
 }
 

@@ -1138,7 +1138,7 @@ TEST_CASE("generator: the kernel layer (_cute) runs the six expert GEMMs on one 
     CHECK(ptx.find("fence.acq_rel.gpu") == std::string::npos);
     // Gathered operands: the producer warpgroup's cp.async copies arrive on the full barrier
     // and the consumers order them before the wgmmas' reads.
-    const bool gathered = kernel_layer_family(f)->gathered;
+    const bool gathered = family_def(f).gathered();
     CHECK((ptx.find("cp.async.mbarrier.arrive.noinc") != std::string::npos) == gathered);
     CHECK((ptx.find("cp.async.cg.shared.global") != std::string::npos) == gathered);
     CHECK(ptx.find("fence.proxy.async.shared::cta") != std::string::npos);
