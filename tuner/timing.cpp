@@ -17,19 +17,13 @@ Stats stats_of(std::vector<double> v) {
 }
 
 double family_min_bytes(KernelFamily f, const LayerConfig& l, int64_t T) {
-  const double TK = double(T) * l.shape.topk, d = l.shape.hidden, n = l.shape.ffn, E = l.shape.experts;
-  const double G = l.gate_parts(), W = E * n * d * 2;  // one weight matrix, bytes
-  switch (f) {
-    case KernelFamily::gate_up: return T * d * 2 + G * W + TK * n * 2 * (G + 1);
-    case KernelFamily::down_proj: return TK * n * 2 + W + TK * d * 2;
-    case KernelFamily::combine: return TK * d * 2 + T * d * 2;
-    case KernelFamily::down_dgrad: return T * d * 2 + W + TK * n * 2 * G * 2 + TK * n * 2;
-    case KernelFamily::down_wgrad: return T * d * 2 + TK * n * 2 + W;
-    case KernelFamily::gate_up_wgrad: return TK * n * 2 * G + T * d * 2 + G * W;
-    case KernelFamily::gate_up_dgrad: return TK * n * 2 * G + G * W + TK * d * 2;
-    case KernelFamily::router_logits: return T * d * 2 + E * d * 2 + T * E * 4;
-    default: return 0;
+  if (f == KernelFamily::combine) {
+    const double TK = double(T) * l.shape.topk, d = l.shape.hidden;
+    return TK * d * 2 + T * d * 2;  // o read, y written
   }
+  if (!is_tiled(f)) return 0;
+  const FamilyDef& def = family_def(f);
+  return def.min_bytes ? def.min_bytes(l, T) : 0;
 }
 
 double family_floor_ms(KernelFamily f, const LayerConfig& l, int64_t tokens) {
