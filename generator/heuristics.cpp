@@ -272,8 +272,8 @@ TileConfig default_tile(KernelFamily family, const LayerConfig& layer, Arch arch
         // GatherColsMN, against the hand-written tile below (bench/ab.py, H100 SXM;
         // bench/results/2026-12-07-gather-producers-ab/): qwen3-30b-a3b 2.928 -> 2.684 ms,
         // deepseek-v3 16.278 -> 15.502. On many slots (mixtral-8x7b) it lost (12.997 -> 13.492): the hand-written
-        // _tmastore64 tile stays there. Where d is a multiple of 256 (whole column tiles) and n of
-        // 128 (legality: no row tile straddles dW1 | dW3). Both weight layouts: the fused
+        // _tmastore64 tile stays there. Where d is a multiple of 256 (whole column tiles) and the
+        // tile is legal (a row tile straddling dW1 | dW3 goes out in 64-row pieces). Both weight layouts: the fused
         // [E, 2n, d] one only changes the output maps' expert stride, and grad-checks of it passed
         // on an H100 (skewed hot experts, fp32 accumulation, chunked recompute; qwen3-30b-a3b at
         // T = 4096 in save-h and recompute: 3.83e-3 to 3.87e-3); not timed in that layout.

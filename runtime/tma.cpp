@@ -213,17 +213,24 @@ void attach_hg_out_map(DownDgradArgs& dd, const TileConfig& t, int64_t slots, in
   if (t.cute) dd.tma_hg_out = encode_ragged_rows_map(reinterpret_cast<CUdeviceptr>(dd.hg), slots, cols, ld, t.bm, "hg");
 }
 
+int wgrad_output_box_rows(const TileConfig& t, bool f32, bool two_matrices, int64_t rows) {
+  if (f32 && !t.cute) return 64;
+  if (t.cute && two_matrices && rows % t.bm != 0) return 64;
+  return t.bm;
+}
+
 void attach_output_maps(WgradArgs& w, const TileConfig& t, int64_t experts, int64_t rows, int64_t cols,
                         int64_t ld, const void* out0, const void* out1, int64_t expert_rows) {
   // TMA-store tiles write the gradients by TMA: bf16 stored or reduce-added in [bm][64] boxes, an
   // fp32 main gradient reduce-added in [64][32] boxes, 64 rows at a time through the staging
   // buffer (tiles of 128 rows or more: gemm/epilogue/wgrad_store.cuh tma_epilogue).
-  // Kernel-layer tiles write both from whole [bm][128-byte] boxes (sm90/epilogue_wgrad.cuh).
+  // Kernel-layer tiles write both from whole [bm][128-byte] boxes, or in [64][128-byte] pieces
+  // where a row tile can straddle the two matrices (rows % bm != 0: sm90/epilogue_wgrad.cuh).
   if (!t.tma_store) return;
   const bool f32 = w.grad_output == static_cast<int>(GradOutput::add_f32);
   if (f32 && !t.cute && !f32_tma_epilogue(t)) return;
   const OutputElement elem = f32 ? OutputElement::f32 : OutputElement::bf16;
-  const int box_rows = f32 && !t.cute ? 64 : t.bm;
+  const int box_rows = wgrad_output_box_rows(t, f32, out1 != nullptr, rows);
   w.tma_out0 = encode_output_map(reinterpret_cast<CUdeviceptr>(out0), experts, rows, cols, ld, box_rows,
                                  "weight gradient", expert_rows, elem);
   if (out1)

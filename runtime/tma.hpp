@@ -100,6 +100,10 @@ void attach_hg_map(WgradArgs& w, const TileConfig& t, int64_t slots, int64_t col
 // rows); out0 already offset to the first column (down wgrad column chunks), out1 dW3 or nullptr.
 void attach_output_maps(WgradArgs& w, const TileConfig& t, int64_t experts, int64_t rows, int64_t cols,
                         int64_t ld, const void* out0, const void* out1, int64_t expert_rows = 0);
+// The rows of those maps' boxes: the tile's, or 64 where the fp32 slabs of a hand-written tile go
+// 64 rows at a time, or where a kernel-layer row tile can straddle two matrices (two_matrices and
+// rows % bm != 0: sm90/epilogue_wgrad.cuh stores it in 64-row pieces, each inside one matrix).
+int wgrad_output_box_rows(const TileConfig& t, bool f32, bool two_matrices, int64_t rows);
 
 // Kernel-layer tiles (TileConfig::cute) of the families whose epilogues move activations by TMA
 // (nothing for other tiles): gate_up's H (its gate and up columns apart, when saved) and h

@@ -63,13 +63,13 @@ std::string gate_up_wgrad_problem(const KernelSpec& s) {
     return fmt::format(
         "kernel-layer gate_up_wgrad tiles need G n % bm == 0 (G n = {}, bm = {}): a row tile past G n faults in the ragged dH loads",
         l.gate_parts() * l.shape.ffn, bm);
-  // A row tile straddling dW1 | dW3 stores its dW3 rows through the second map from a negative
-  // row (sm90/epilogue_wgrad.cuh): the TMA store faults there (illegal instruction in
-  // SM90_TMA_STORE_3D under compute-sanitizer, H100: n = 384 with bm 256, n = 320 with bm 128).
-  // Storing such a tile in 64-row pieces, each inside one matrix, would lift this.
-  if (l.gate_parts() == 2 && l.shape.ffn % bm)
+  // A row tile straddling dW1 | dW3 stores 64-row pieces, each inside one matrix
+  // (sm90/epilogue_wgrad.cuh); a piece that itself straddled would need a store from a negative
+  // row, which faults (illegal instruction in SM90_TMA_STORE_3D, H100).
+  if (l.gate_parts() == 2 && l.shape.ffn % bm && l.shape.ffn % 64)
     return fmt::format(
-        "kernel-layer gate_up_wgrad tiles need n % bm == 0 (n = {}, bm = {}): a row tile straddling dW1 | dW3 faults in its TMA store",
+        "kernel-layer gate_up_wgrad tiles need n % 64 == 0 where n % bm != 0 (n = {}, bm = {}): a row tile straddling "
+        "dW1 | dW3 is stored in 64-row pieces",
         l.shape.ffn, bm);
   return {};
 }

@@ -1055,10 +1055,17 @@ TEST_CASE("generator: the kernel layer (_cute) runs the six expert GEMMs on one 
   CHECK(why(KernelFamily::gate_up_wgrad, odd_n, wg).find("G n % bm") != std::string::npos);  // 4160 rows
   LayerConfig straddle = ds;
   straddle.shape.ffn = 2048 + 64;
-  // A tile straddling dW1 | dW3 faulted in its TMA store on an H100 (compute-sanitizer: illegal
-  // instruction, n = 320 under bm 128, n = 384 under bm 256): refused, and the layer's default
-  // there is the hand-written tile, which stores a straddling tile's rows to both matrices.
-  CHECK(why(KernelFamily::gate_up_wgrad, straddle, wg).find("straddling") != std::string::npos);
+  // A row tile straddling dW1 | dW3 is stored in 64-row pieces, each inside one matrix (a
+  // whole-tile store to dW3 from a negative row faulted on an H100): legal where n % 64 == 0,
+  // in both weight layouts, and the few-slot default takes the layer's tile there too.
+  CHECK(why(KernelFamily::gate_up_wgrad, straddle, wg).empty());
+  LayerConfig straddle256 = ds;
+  straddle256.shape.ffn = 2048 + 128;  // G n % 256 == 0, n % 256 == 128
+  CHECK(why(KernelFamily::gate_up_wgrad, straddle256, cute_tile(wgmma_tile(256, 128, 3, Mainloop::persistent), 1)).empty());
+  LayerConfig odd_piece = ds;
+  odd_piece.shape.ffn = 2048 + 32;  // G n % 64 == 0, but a 64-row piece would straddle too
+  CHECK(why(KernelFamily::gate_up_wgrad, odd_piece, cute_tile(pingpong_tile(64, 128, 4), 1)).find("n % 64") !=
+        std::string::npos);
   for (const int n : {320, 1344, 2048 + 64}) {
     LayerConfig few = find_preset("qwen3-30b-a3b").layer;  // few slots an expert, d % 256 == 0
     few.shape.ffn = n;
@@ -1066,8 +1073,10 @@ TEST_CASE("generator: the kernel layer (_cute) runs the six expert GEMMs on one 
       few.weight_layout = layout;
       INFO("n = " << n);
       const TileConfig def = default_tile(KernelFamily::gate_up_wgrad, few, Arch::sm_90a, 4096);
-      CHECK_FALSE(def.cute);
+      CHECK(def.cute);
       CHECK(why(KernelFamily::gate_up_wgrad, few, def).empty());
+      const GeneratedKernel k = generate(spec(KernelFamily::gate_up_wgrad, few, def));
+      CHECK(k.source.text.find("moeblaze/sm90/wgrad.cuh") != std::string::npos);
     }
   }
   LayerConfig whole = ds;

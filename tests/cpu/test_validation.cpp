@@ -385,6 +385,18 @@ TEST_CASE("validation: TMA views of a fused gate_up step 2n rows per expert") {
   CHECK(f.box[0] == 32);
   CHECK(f.box[1] == 64);
   CHECK(output_map_params(kFakeBase, 8, 1024, 4096, 4096, 128, "dw1").box[0] == 64);
+  // Box rows: a kernel-layer row tile that can straddle dW1 | dW3 (n % bm != 0) goes out in 64-row
+  // pieces; whole tiles otherwise, and the hand-written tiles' fp32 slabs 64 rows at a time.
+  TileConfig layer_tile = wgmma_tile(128, 256, 4, Mainloop::persistent);
+  layer_tile.tma_contiguous = layer_tile.tma_store = layer_tile.cute = true;
+  CHECK(wgrad_output_box_rows(layer_tile, false, true, 320) == 64);
+  CHECK(wgrad_output_box_rows(layer_tile, true, true, 320) == 64);
+  CHECK(wgrad_output_box_rows(layer_tile, false, true, 384) == 128);
+  CHECK(wgrad_output_box_rows(layer_tile, true, false, 320) == 128);  // one matrix (down_wgrad)
+  TileConfig hand = wgmma_tile(128, 256, 3, Mainloop::persistent);
+  hand.tma_contiguous = hand.tma_store = true;
+  CHECK(wgrad_output_box_rows(hand, false, true, 320) == 128);
+  CHECK(wgrad_output_box_rows(hand, true, true, 384) == 64);
   // 4 fp32 apart is 16 bytes (fine for TMA) where 4 bf16 apart is not.
   CHECK(output_map_params(kFakeBase, 8, 64, 4, 4, 64, "dw2", 0, OutputElement::f32).strides[0] == 16);
   expect_invalid([] { output_map_params(kFakeBase, 8, 64, 4, 4, 64, "dw2"); }, "dw2");

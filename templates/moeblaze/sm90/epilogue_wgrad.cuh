@@ -10,17 +10,26 @@
 
 namespace moeblaze::sm90 {
 
-template <class Cfg>
+// Where a tile goes: rows [0, split) of the tile to `map` from row0 on, rows [split, BM) to
+// `map2` from row2 on (a tile straddling two matrices stacked along its rows: gate_up_wgrad's
+// dW1 | dW3 where n is not a multiple of BM); split >= BM or map2 == nullptr: all of it to `map`.
+struct WgradOutput {
+  const void* map;   // bf16 or fp32 (GradOutput::add_f32) output map
+  const void* map2;  // the second matrix's, or nullptr
+  int expert, row0, split, row2, col0;
+  int grad_output;
+};
+
+// PIECE_ROWS: the rows one TMA store covers (the output maps' box rows). BM stores a block in
+// one box; a tile that may straddle two matrices stores 64-row pieces (the host encodes 64-row
+// boxes: runtime/tma.cpp attach_output_maps), each inside one matrix at a row coordinate of 0 or
+// more. A whole-tile box sent to both matrices, each clipping the other's rows, needs a negative
+// row coordinate for the second, and that TMA store faults (illegal instruction, H100).
+template <class Cfg, int PIECE_ROWS = Cfg::BM>
 struct WgradEpilogue {
-  // A tile may straddle two matrices stacked along its rows (gate_up_wgrad's dW1 | dW3 where n
-  // is not a multiple of BM): it goes to both maps, each clipping the other's rows (map2's row
-  // coordinate is then negative: the TMA unit writes no out-of-range row).
-  struct Params {
-    const void* map;   // bf16 or fp32 (GradOutput::add_f32) output map
-    const void* map2;  // the second matrix's, or nullptr
-    int expert, row0, row2, col0;
-    int grad_output;
-  };
+  static_assert(PIECE_ROWS == Cfg::BM || PIECE_ROWS == 64, "whole-tile boxes or 64-row pieces");
+  using Params = WgradOutput;
+  static constexpr int PIECES = Cfg::BM / PIECE_ROWS;
   // The tile leaves in blocks of 128 bytes a row through two staging buffers in turn: bf16
   // [BM][64] (one 64-column box) or fp32 [BM][32] (one 32-column box, the same bytes). A block is
   // written while the block before it is still being stored, and the wait for a buffer's reads
@@ -40,6 +49,18 @@ struct WgradEpilogue {
   static constexpr int STAGING_BYTES = 2 * Block::BYTES;
 
   static MB_DEV void init(Storage&) {}
+
+  // Piece q's map and first row (rows [q PIECE_ROWS, +PIECE_ROWS) of the tile: 128-byte rows of a
+  // staging block, so a piece starts q PIECE_ROWS 128 bytes in, a whole number of swizzle atoms).
+  struct Piece {
+    const void* map;
+    int row;
+  };
+  static MB_DEV Piece piece(const Params& p, int q) {
+    const int local = q * PIECE_ROWS;
+    if (p.map2 && local >= p.split) return {p.map2, p.row2 + (local - p.split)};
+    return {p.map, p.row0 + local};
+  }
 
   // Block `block` of this consumer group's store sequence may take buffer block % 2 once the
   // stores issued from it two blocks earlier have read it (each block's stores are one bulk
@@ -77,12 +98,11 @@ struct WgradEpilogue {
         publish(barrier_id);
         if (thread_idx == 0) {
           CUTE_UNROLL
-          for (int part = 0; part < 2; ++part) {
-            const void* map = part ? p.map2 : p.map;
-            if (!map) continue;
-            const int row = part ? p.row2 : p.row0;
-            if (add) SM90_TMA_REDUCE_ADD_3D::copy(map, buf.data.data(), p.col0 + b * BF16_BLOCK, row, p.expert);
-            else SM90_TMA_STORE_3D::copy(map, buf.data.data(), p.col0 + b * BF16_BLOCK, row, p.expert);
+          for (int q = 0; q < PIECES; ++q) {
+            const Piece at = piece(p, q);
+            const Element* src = buf.data.data() + q * PIECE_ROWS * BF16_BLOCK;
+            if (add) SM90_TMA_REDUCE_ADD_3D::copy(at.map, src, p.col0 + b * BF16_BLOCK, at.row, p.expert);
+            else SM90_TMA_STORE_3D::copy(at.map, src, p.col0 + b * BF16_BLOCK, at.row, p.expert);
           }
           tma_store_arrive();
         }
@@ -112,10 +132,9 @@ struct WgradEpilogue {
         publish(barrier_id);
         if (thread_idx == 0) {
           CUTE_UNROLL
-          for (int part = 0; part < 2; ++part) {
-            const void* map = part ? p.map2 : p.map;
-            if (!map) continue;
-            SM90_TMA_REDUCE_ADD_3D::copy(map, f32, p.col0 + b * F32_BLOCK, part ? p.row2 : p.row0, p.expert);
+          for (int q = 0; q < PIECES; ++q) {
+            const Piece at = piece(p, q);
+            SM90_TMA_REDUCE_ADD_3D::copy(at.map, f32 + q * PIECE_ROWS * F32_BLOCK, p.col0 + b * F32_BLOCK, at.row, p.expert);
           }
           tma_store_arrive();
         }

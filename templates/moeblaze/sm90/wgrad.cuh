@@ -7,7 +7,7 @@
 // M) the two blocks share the TMA operand's stages (multicast), each gathering its own rows.
 //   down_wgrad:    dW2_e [d][n] = gather(dy)^T hg       A = dy (gathered), B = hg (TMA)
 //   gate_up_wgrad: [dW1_e; dW3_e] [G n][d] = dH^T gather(x)   A = dH (TMA), B = x (gathered);
-//                  a tile straddling dW1 and dW3 goes to both (epilogue_wgrad.cuh)
+//                  a tile straddling dW1 and dW3 goes to both in 64-row pieces (epilogue_wgrad.cuh)
 #pragma once
 #include "moeblaze/activation.cuh"
 #include "moeblaze/gemm/scheduler/tile_schedule.cuh"
@@ -44,25 +44,29 @@ struct DownWgradProblem : WgradSchedule<Cfg, E, D, N, ALT_ORDER> {
     const GatherColsMN dy{static_cast<const Element*>(p.a), p.rv.expert_token_indices + t.slot0, t.count, D, t.m0, D};
     return sm90::operands(dy, TmaRaggedColsMN{&p.tma_b, t.slot0, t.count, t.n0}, (t.count + 63) / 64);
   }
-  static MB_DEV typename WgradEpilogue<Cfg>::Params epilogue(const Args& p, const gemm::WgradTile& t, int) {
-    return {&p.tma_out0, nullptr, t.expert, t.m0, 0, t.n0, p.grad_output};
+  static MB_DEV WgradOutput epilogue(const Args& p, const gemm::WgradTile& t, int) {
+    return {&p.tma_out0, nullptr, t.expert, t.m0, Cfg::BM, 0, t.n0, p.grad_output};
   }
 };
 
 template <class Cfg, int E, int D, int N, Activation ACT, bool ALT_ORDER>
 struct GateUpWgradProblem : WgradSchedule<Cfg, E, gate_parts<ACT>() * N, D, ALT_ORDER> {
   using Args = WgradArgs;
+  // Where n is not a multiple of BM some row tiles straddle dW1 | dW3: 64-row pieces (n % 64 == 0
+  // there: the generator's legality, generator/kernel_layer.cpp).
+  static constexpr bool STRADDLES = gate_parts<ACT>() == 2 && N % Cfg::BM != 0;
+  static_assert(!STRADDLES || N % 64 == 0, "a straddling tile's 64-row pieces each inside one matrix");
+  using Epilogue = WgradEpilogue<Cfg, STRADDLES ? 64 : Cfg::BM>;
   static MB_DEV auto operands(const Args& p, const gemm::WgradTile& t) {
     const GatherColsMN x{static_cast<const Element*>(p.b), p.rv.expert_token_indices + t.slot0, t.count, D, t.n0, D};
     return sm90::operands(TmaRaggedColsMN{&p.tma_a, t.slot0, t.count, t.m0}, x, (t.count + 63) / 64);
   }
-  // Rows [m0, +BM) of [dW1; dW3]: dW1's from m0 (its map clips rows past n), dW3's from m0 - n
-  // (rows before its first are clipped) where the tile reaches them.
-  static MB_DEV typename WgradEpilogue<Cfg>::Params epilogue(const Args& p, const gemm::WgradTile& t, int) {
-    constexpr int G = gate_parts<ACT>();
-    const bool in_w1 = t.m0 < N, in_w3 = G == 2 && t.m0 + Cfg::BM > N;
-    return {in_w1 ? &p.tma_out0 : &p.tma_out1, in_w1 && in_w3 ? &p.tma_out1 : nullptr, t.expert,
-            in_w1 ? t.m0 : t.m0 - N, t.m0 - N, t.n0, p.grad_output};
+  // Rows [m0, +BM) of [dW1; dW3]: those before n to dW1 from row m0, the rest to dW3 from row
+  // m0 + split - n (0 for a straddling tile).
+  static MB_DEV WgradOutput epilogue(const Args& p, const gemm::WgradTile& t, int) {
+    const bool in_w1 = t.m0 < N;
+    if (!in_w1) return {&p.tma_out1, nullptr, t.expert, t.m0 - N, Cfg::BM, 0, t.n0, p.grad_output};
+    return {&p.tma_out0, STRADDLES ? &p.tma_out1 : nullptr, t.expert, t.m0, N - t.m0, 0, t.n0, p.grad_output};
   }
 };
 
