@@ -53,6 +53,23 @@ double old_family_flops(KernelFamily f, const LayerConfig& l, int64_t T) {
   }
 }
 
+// tuner/timing.cpp (now each family's min_bytes in generator/families/)
+double old_family_min_bytes(KernelFamily f, const LayerConfig& l, int64_t T) {
+  const double TK = double(T) * l.shape.topk, d = l.shape.hidden, n = l.shape.ffn, E = l.shape.experts;
+  const double G = l.gate_parts(), W = E * n * d * 2;  // one weight matrix, bytes
+  switch (f) {
+    case KernelFamily::gate_up: return T * d * 2 + G * W + TK * n * 2 * (G + 1);
+    case KernelFamily::down_proj: return TK * n * 2 + W + TK * d * 2;
+    case KernelFamily::combine: return TK * d * 2 + T * d * 2;
+    case KernelFamily::down_dgrad: return T * d * 2 + W + TK * n * 2 * G * 2 + TK * n * 2;
+    case KernelFamily::down_wgrad: return T * d * 2 + TK * n * 2 + W;
+    case KernelFamily::gate_up_wgrad: return TK * n * 2 * G + T * d * 2 + G * W;
+    case KernelFamily::gate_up_dgrad: return TK * n * 2 * G + G * W + TK * d * 2;
+    case KernelFamily::router_logits: return T * d * 2 + E * d * 2 + T * E * 4;
+    default: return 0;
+  }
+}
+
 // generator/heuristics.cpp
 int old_output_columns(KernelFamily f, const LayerConfig& l) {
   switch (f) {
@@ -327,6 +344,18 @@ TEST_CASE("family_def: family_flops is what tuner/timing.cpp computed, bit for b
     const double was = old_family_flops(f, wide, 1 << 27), now = family_flops(f, wide, 1 << 27);
     CHECK(std::memcmp(&was, &now, sizeof was) == 0);
   }
+}
+
+TEST_CASE("family_def: family_min_bytes is what tuner/timing.cpp computed, bit for bit, for every family") {
+  for (const LayerConfig& l : layers())
+    for (int64_t T : token_counts(l))
+      for (KernelFamily f : all_families()) {
+        CAPTURE(l.describe());
+        CAPTURE(T);
+        CAPTURE(to_string(f));
+        const double was = old_family_min_bytes(f, l, T), now = family_min_bytes(f, l, T);
+        CHECK(std::memcmp(&was, &now, sizeof was) == 0);
+      }
 }
 
 TEST_CASE("family_def: output_columns is the columns of a family's output tiles, as heuristics.cpp listed them") {
