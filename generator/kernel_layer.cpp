@@ -13,7 +13,11 @@ int kernel_layer_accumulator_cols(const KernelSpec& spec) {
   return stacked_b_tiles(spec.family, spec.layer.activation) * spec.tile.bn;
 }
 
-int kernel_layer_staging_bytes(const KernelSpec& spec) { return kernel_layer_family(spec.family)->staging_bytes(spec); }
+int kernel_layer_staging_bytes(const KernelSpec& spec) {
+  const KernelLayerDef* k = kernel_layer_family(spec.family);
+  if (!k) throw InvalidArgument("family", fmt::format("the kernel layer (_cute) does not run {}", to_string(spec.family)));
+  return k->staging_bytes(spec);
+}
 
 int kernel_layer_smem_bytes(const KernelSpec& spec) {
   const TileConfig& t = spec.tile;

@@ -7,10 +7,9 @@
 namespace moeblaze::families {
 namespace {
 
-double min_bytes(const LayerConfig& l, int64_t T) {
-  const double TK = double(T) * l.shape.topk, d = l.shape.hidden, n = l.shape.ffn, E = l.shape.experts;
-  const double G = l.gate_parts();
-  return T * d * 2 + E * n * d * 2 + TK * n * 2 * G * 2 + TK * n * 2;  // dy; W2; H read, dH written; hg
+double min_bytes(const LayerConfig& l, int64_t tokens) {
+  const auto [T, TK, d, n, E, G, W] = step_sizes(l, tokens);
+  return T * d * 2 + W + TK * n * 2 * G * 2 + TK * n * 2;  // dy; W2; H read, dH written; hg
 }
 
 // H's A and B (then dA, dB) and hg: three staging tiles, and their barriers.

@@ -6,9 +6,9 @@
 namespace moeblaze::families {
 namespace {
 
-double min_bytes(const LayerConfig& l, int64_t T) {
-  const double TK = double(T) * l.shape.topk, d = l.shape.hidden, n = l.shape.ffn, E = l.shape.experts;
-  return TK * n * 2 + E * n * d * 2 + TK * d * 2;  // h; W2; o
+double min_bytes(const LayerConfig& l, int64_t tokens) {
+  const auto [T, TK, d, n, E, G, W] = step_sizes(l, tokens);
+  return TK * n * 2 + W + TK * d * 2;  // h; W2; o
 }
 
 std::string shape_arguments(const KernelSpec& s) {

@@ -17,6 +17,16 @@ const FamilyDef& router_logits();
 const FamilyDef& router_dgrad();
 const FamilyDef& router_wgrad();
 
+// A step's sizes as doubles, for the families' least-bytes formulas: T tokens, TK slots, d, n, E,
+// G gate parts, and W the bytes of one [E, n, d] bf16 weight matrix.
+struct StepSizes {
+  double T, TK, d, n, E, G, W;
+};
+inline StepSizes step_sizes(const LayerConfig& l, int64_t tokens) {
+  const double T = double(tokens), d = l.shape.hidden, n = l.shape.ffn, E = l.shape.experts;
+  return {T, T * l.shape.topk, d, n, E, double(l.gate_parts()), E * n * d * 2};
+}
+
 // Template-argument literals.
 inline const char* bool_literal(bool v) { return v ? "true" : "false"; }
 inline std::string activation_literal(Activation a) { return "moeblaze::Activation::" + to_string(a); }

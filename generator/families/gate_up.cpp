@@ -6,9 +6,8 @@
 namespace moeblaze::families {
 namespace {
 
-double min_bytes(const LayerConfig& l, int64_t T) {
-  const double TK = double(T) * l.shape.topk, d = l.shape.hidden, n = l.shape.ffn, E = l.shape.experts;
-  const double G = l.gate_parts(), W = E * n * d * 2;
+double min_bytes(const LayerConfig& l, int64_t tokens) {
+  const auto [T, TK, d, n, E, G, W] = step_sizes(l, tokens);
   return T * d * 2 + G * W + TK * n * 2 * (G + 1);  // x; W1 and W3; H's parts and h
 }
 

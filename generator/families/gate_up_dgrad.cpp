@@ -7,10 +7,9 @@
 namespace moeblaze::families {
 namespace {
 
-double min_bytes(const LayerConfig& l, int64_t T) {
-  const double TK = double(T) * l.shape.topk, d = l.shape.hidden, n = l.shape.ffn, E = l.shape.experts;
-  const double G = l.gate_parts();
-  return TK * n * 2 * G + G * E * n * d * 2 + TK * d * 2;  // dH; W1 and W3; dxs
+double min_bytes(const LayerConfig& l, int64_t tokens) {
+  const auto [T, TK, d, n, E, G, W] = step_sizes(l, tokens);
+  return TK * n * 2 * G + G * W + TK * d * 2;  // dH; W1 and W3; dxs
 }
 
 std::string shape_arguments(const KernelSpec& s) {

@@ -5,8 +5,8 @@
 namespace moeblaze::families {
 namespace {
 
-double logits_min_bytes(const LayerConfig& l, int64_t T) {
-  const double d = l.shape.hidden, E = l.shape.experts;
+double logits_min_bytes(const LayerConfig& l, int64_t tokens) {
+  const auto [T, TK, d, n, E, G, W] = step_sizes(l, tokens);
   return T * d * 2 + E * d * 2 + T * E * 4;  // x; W_r; fp32 logits
 }
 

@@ -16,15 +16,14 @@
 namespace moeblaze::families {
 namespace {
 
-double down_wgrad_min_bytes(const LayerConfig& l, int64_t T) {
-  const double TK = double(T) * l.shape.topk, d = l.shape.hidden, n = l.shape.ffn, E = l.shape.experts;
-  return T * d * 2 + TK * n * 2 + E * n * d * 2;  // dy; hg; dW2
+double down_wgrad_min_bytes(const LayerConfig& l, int64_t tokens) {
+  const auto [T, TK, d, n, E, G, W] = step_sizes(l, tokens);
+  return T * d * 2 + TK * n * 2 + W;  // dy; hg; dW2
 }
 
-double gate_up_wgrad_min_bytes(const LayerConfig& l, int64_t T) {
-  const double TK = double(T) * l.shape.topk, d = l.shape.hidden, n = l.shape.ffn, E = l.shape.experts;
-  const double G = l.gate_parts();
-  return TK * n * 2 * G + T * d * 2 + G * E * n * d * 2;  // dH; x; dW1 and dW3
+double gate_up_wgrad_min_bytes(const LayerConfig& l, int64_t tokens) {
+  const auto [T, TK, d, n, E, G, W] = step_sizes(l, tokens);
+  return TK * n * 2 * G + T * d * 2 + G * W;  // dH; x; dW1 and dW3
 }
 
 std::string down_wgrad_arguments(const KernelSpec& s) {
